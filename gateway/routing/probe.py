@@ -1,0 +1,80 @@
+"""Check one vLLM upstream the way a request would meet it.
+
+Used by the gateway's background health prober (readiness, routing) and by
+``gateway backends verify``. Steps: ``GET /health`` (no key), then ``GET /v1/models`` with the
+upstream's key (401/403 means the backend's ``--api-key`` differs from the config), then that the
+configured served name is listed (else the backend serves other names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import httpx
+
+from gateway.config.schema import UpstreamSpec
+
+
+class ProbeState(str, Enum):
+    OK = "ok"
+    DOWN = "down"  # connection refused / timed out
+    UNHEALTHY = "unhealthy"  # /health answered non-200 (engine dead or starting)
+    KEY_MISMATCH = "key_mismatch"  # /v1/models answered 401/403 to the configured key
+    MODEL_MISSING = "model_missing"  # the served name is not in /v1/models
+    ERROR = "error"  # anything else unexpected (non-JSON, 5xx from /v1/models, ...)
+    UNKNOWN = "unknown"  # not probed yet
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    state: ProbeState
+    detail: str
+    served: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is ProbeState.OK
+
+
+async def probe_upstream(client: httpx.AsyncClient, upstream: UpstreamSpec, timeout: float) -> ProbeResult:
+    base = upstream.url
+    try:
+        r = await client.get(f"{base}/health", timeout=timeout)
+    except httpx.TimeoutException:
+        return ProbeResult(ProbeState.DOWN, f"{base}/health timed out after {timeout:g}s")
+    except httpx.HTTPError as exc:
+        return ProbeResult(ProbeState.DOWN, f"{base} unreachable: {type(exc).__name__}: {exc}")
+    if r.status_code != 200:
+        return ProbeResult(ProbeState.UNHEALTHY, f"{base}/health answered {r.status_code}")
+    headers = {}
+    key = upstream.api_key_value()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        r = await client.get(f"{base}/v1/models", headers=headers, timeout=timeout)
+    except httpx.TimeoutException:
+        return ProbeResult(ProbeState.DOWN, f"{base}/v1/models timed out after {timeout:g}s")
+    except httpx.HTTPError as exc:
+        return ProbeResult(ProbeState.DOWN, f"{base} unreachable: {type(exc).__name__}: {exc}")
+    if r.status_code in (401, 403):
+        return ProbeResult(
+            ProbeState.KEY_MISMATCH,
+            f"{base}/v1/models answered {r.status_code}: the backend's --api-key does not match "
+            f"the api_key configured for upstream {upstream.name!r}",
+        )
+    if r.status_code != 200:
+        return ProbeResult(ProbeState.ERROR, f"{base}/v1/models answered {r.status_code}")
+    try:
+        data = r.json()
+        served = tuple(str(m["id"]) for m in data["data"])
+    except (ValueError, KeyError, TypeError):
+        return ProbeResult(ProbeState.ERROR, f"{base}/v1/models did not answer an OpenAI model list")
+    if upstream.model not in served:
+        return ProbeResult(
+            ProbeState.MODEL_MISSING,
+            f"{base} does not serve {upstream.model!r} (it serves: {', '.join(served) or 'nothing'}); "
+            f"set the upstream's `model` to the backend's --served-model-name",
+            served,
+        )
+    return ProbeResult(ProbeState.OK, "ok", served)
