@@ -9,14 +9,14 @@ configured served name is listed (else the backend serves other names).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import httpx
 
 from gateway.config.schema import UpstreamSpec
 
 
-class ProbeState(str, Enum):
+class ProbeState(StrEnum):
     OK = "ok"
     DOWN = "down"  # connection refused / timed out
     UNHEALTHY = "unhealthy"  # /health answered non-200 (engine dead or starting)

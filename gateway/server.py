@@ -1,0 +1,49 @@
+"""Run the app on uvicorn: one process, or N workers re-created from the environment."""
+
+from __future__ import annotations
+
+import os
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.config.schema import GatewayConfig
+from gateway.observability.logging import configure_logging
+from gateway.settings import Settings
+
+
+def _uvicorn_kwargs(settings: Settings) -> dict[str, object]:
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": settings.graceful_shutdown_s,
+        "server_header": False,
+        "proxy_headers": False,
+    }
+
+
+def worker_app() -> ASGIApp:
+    """Factory for each worker process when ``workers > 1`` (settings come from GATEWAY_*)."""
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
+    return create_app(settings, load_config(settings.config, os.environ))
+
+
+def run_server(settings: Settings, config: GatewayConfig) -> int:
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        # Workers are separate processes: hand them the same settings through the environment.
+        os.environ.update({
+            "GATEWAY_CONFIG": str(settings.config), "GATEWAY_HOST": settings.host,
+            "GATEWAY_PORT": str(settings.port), "GATEWAY_LOG_LEVEL": settings.log_level,
+            "GATEWAY_LOG_FORMAT": settings.log_format,
+        })
+        uvicorn.run("gateway.server:worker_app", factory=True, workers=settings.workers,
+                    **_uvicorn_kwargs(settings))  # type: ignore[arg-type]
+        return 0
+    uvicorn.run(create_app(settings, config), **_uvicorn_kwargs(settings))  # type: ignore[arg-type]
+    return 0
