@@ -25,7 +25,7 @@ from gateway.mappings.snapshot import ModelEntry
 from gateway.services import Services
 from gateway.upstream import forward
 from gateway.upstream.normalize import check_success_body, from_transport_error
-from gateway.upstream.sse import SseRelay, error_event
+from gateway.upstream.sse import CHAT_END, RESPONSES_END, SseRelay, error_event
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -134,7 +134,7 @@ class ProxyEndpoint:
         s = self.s
         up = opened.upstream
         response = opened.response
-        relay = SseRelay(up.served_name, entry.id)
+        relay = SseRelay(up.served_name, entry.id, RESPONSES_END if self.route.kind == "responses" else CHAT_END)
         loop = asyncio.get_running_loop()
         idle = s.config.timeouts.idle
         deadline = opened.deadline

@@ -11,6 +11,13 @@ from __future__ import annotations
 import orjson
 
 DONE = b"data: [DONE]"
+# How a complete stream ends. A JSON string escapes newlines and quotes, so these byte patterns cannot
+# come from generated text: ``\ndata: [DONE]`` starts a line, ``"type":"..."`` is unescaped JSON.
+CHAT_END: tuple[bytes, ...] = (b"\n" + DONE,)
+RESPONSES_END: tuple[bytes, ...] = (
+    b'"type":"response.completed"', b'"type":"response.failed"', b'"type":"response.incomplete"',
+    b"\n" + DONE,
+)
 
 
 def error_event(body: bytes) -> bytes:
@@ -29,10 +36,11 @@ def _boundary(buf: bytes) -> int:
 
 
 class SseRelay:
-    __slots__ = ("_buf", "_pairs", "events_out", "saw_done")
+    __slots__ = ("_buf", "_ends", "_pairs", "events_out", "saw_done")
 
-    def __init__(self, served_name: str, public_id: str) -> None:
+    def __init__(self, served_name: str, public_id: str, ends: tuple[bytes, ...] = CHAT_END) -> None:
         self._buf = b""
+        self._ends = ends
         self.saw_done = False
         self.events_out = 0
         if served_name == public_id:
@@ -62,7 +70,7 @@ class SseRelay:
         for old, new in self._pairs:
             if old in out:
                 out = out.replace(old, new)
-        if DONE in out:
+        if not self.saw_done and (out.startswith(DONE) or any(e in out for e in self._ends)):
             self.saw_done = True
         self.events_out += 1
         return out

@@ -78,3 +78,21 @@ def test_unterminated_tail_is_flushed_as_an_event() -> None:
 
 def test_error_event_ends_with_done() -> None:
     assert error_event(b'{"error":{}}') == b'data: {"error":{}}\n\ndata: [DONE]\n\n'
+
+
+def test_done_inside_generated_text_is_not_the_end() -> None:
+    relay = SseRelay("tiny", "pub")
+    relay.feed(b'data: {"choices":[{"delta":{"content":"data: [DONE]\\n\\ndata: [DONE]"}}]}\n\n')
+    assert not relay.saw_done
+    relay.feed(b"data: [DONE]\n\n")
+    assert relay.saw_done
+
+
+def test_responses_api_streams_end_with_response_completed() -> None:
+    from gateway.upstream.sse import RESPONSES_END
+
+    relay = SseRelay("tiny", "pub", RESPONSES_END)
+    out = relay.feed(b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"hi"}\n\n')
+    assert out and not relay.saw_done
+    relay.feed(b'event: response.completed\ndata: {"type":"response.completed","response":{"model":"tiny"}}\n\n')
+    assert relay.saw_done
