@@ -45,7 +45,7 @@ class GatewayServer:
         while time.monotonic() < deadline:
             if self._server.started:
                 try:
-                    httpx.get(f"{self.url}/health", timeout=1)
+                    httpx.get(f"{self.url}/health", timeout=1, trust_env=False)
                     return self
                 except httpx.HTTPError:
                     pass
