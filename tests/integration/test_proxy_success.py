@@ -38,7 +38,7 @@ def test_request_id_is_kept_echoed_and_sent_upstream(http: httpx.Client, fake: F
     assert r.status_code == 200 and r.headers["x-request-id"] == "req-abc.123"
     assert fake.requests[-1].headers["x-request-id"] == "req-abc.123"
     r = http.post("/v1/chat/completions", json={"model": "public-chat", "messages": MSG},
-                  headers={"x-request-id": "bad id with spaces".encode()})  # type: ignore[dict-item]
+                  headers={"x-request-id": b"bad id with spaces"})  # type: ignore[dict-item]
     assert r.headers["x-request-id"] != "bad id with spaces" and len(r.headers["x-request-id"]) == 32
 
 

@@ -1,0 +1,198 @@
+"""Build a tiny random-weight Llama model that a real vLLM (CPU build) can serve.
+
+Run it with the vLLM venv's interpreter (it needs torch, transformers and tokenizers)::
+
+    .venv-vllm/bin/python scripts/make_tiny_model.py            # -> var/tiny-model
+    .venv-vllm/bin/python scripts/make_tiny_model.py /tmp/tiny  # any directory
+
+Nothing is downloaded (HF_HUB_OFFLINE=1). The output is deterministic: a seeded synthetic
+corpus trains a byte-level BPE tokenizer and a fixed seed initialises the weights, so two runs
+with the same torch/transformers versions give identical files. About 1.8 MB, a few seconds.
+
+Shape (see vllm/RECIPE.md): hidden 128, intermediate 256, 2 layers, 4 attention heads, 4 KV heads,
+head_dim 32 (the CPU attention backend rejects head sizes below 32 on the first request),
+vocab 2048, bfloat16, max_position_embeddings 2048. The tokenizer carries a Jinja chat template so
+``/v1/chat/completions`` works. Generated text is random.
+
+If the directory already holds a model built by this script with the same parameters (a stamp
+file records them), it returns at once; ``--force`` rebuilds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SEED = 1234
+VOCAB_SIZE = 2048
+MODEL_PARAMS: dict[str, object] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+# Bump when the build changes in a way the parameters above do not show.
+BUILD_VERSION = 1
+STAMP = ".tiny-model.json"
+
+
+def build_id() -> str:
+    blob = json.dumps(
+        {"v": BUILD_VERSION, "seed": SEED, "model": MODEL_PARAMS, "special": SPECIAL_TOKENS,
+         "template": CHAT_TEMPLATE},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def corpus(seed: int = SEED, lines: int = 4000) -> list[str]:
+    """Pseudo-English text from a seeded generator: identical on every machine and Python."""
+    rng = random.Random(seed)
+    onsets = ["", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w",
+              "br", "ch", "cl", "dr", "gr", "pl", "pr", "sh", "st", "th", "tr"]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ee", "oo", "ou"]
+    codas = ["", "", "n", "r", "s", "t", "l", "nd", "ng", "st", "ck"]
+    words = [
+        "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+        for _ in range(1500)
+    ]
+    common = ("the of and to in is it that for you with on as are this be at or by from what how "
+              "hello world model answer question please thanks gateway server request token").split()
+    out = []
+    for _ in range(lines):
+        n = rng.randint(4, 16)
+        ws = [rng.choice(common) if rng.random() < 0.35 else rng.choice(words) for _ in range(n)]
+        ws[0] = ws[0].capitalize()
+        tail = rng.choice([".", ".", ".", "?", "!", ",", ":"])
+        num = f" {rng.randint(0, 9999)}" if rng.random() < 0.1 else ""
+        out.append(" ".join(ws) + num + tail)
+    return out
+
+
+def build(out_dir: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    # Tokenizer: byte-level BPE.
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+        model_max_length=int(str(MODEL_PARAMS["max_position_embeddings"])),
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+
+    vocab_size = int(str(MODEL_PARAMS["vocab_size"]))
+    if len(fast) > vocab_size:
+        raise SystemExit(f"tokenizer has {len(fast)} tokens, more than the model's vocab {vocab_size}")
+
+    # Model: random weights from a fixed seed.
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        **MODEL_PARAMS,  # type: ignore[arg-type]
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id
+    )
+
+    # Write into a temporary sibling directory, then move into place: never a half-built model.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        fast.save_pretrained(tmp)
+        (tmp / STAMP).write_text(json.dumps({"build_id": build_id(), "seed": SEED, **MODEL_PARAMS},
+                                            indent=2, sort_keys=True) + "\n")
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    n_params = sum(p.numel() for p in model.parameters())
+    size = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
+    print(f"[make_tiny_model] wrote {out_dir} ({n_params:,} parameters, {len(fast)} tokens, "
+          f"{size / 1e6:.1f} MB, build {build_id()})")
+
+
+def is_built(out_dir: Path) -> bool:
+    try:
+        stamp = json.loads((out_dir / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(stamp.get("build_id") == build_id() and (out_dir / "model.safetensors").is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out_dir", nargs="?", default="var/tiny-model", help="output directory (default var/tiny-model)")
+    p.add_argument("--force", action="store_true", help="rebuild even if already built")
+    args = p.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    if not args.force and is_built(out_dir):
+        print(f"[make_tiny_model] already built: {out_dir} (build {build_id()}); --force to rebuild")
+        return 0
+    build(out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
