@@ -45,7 +45,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) ->
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"gateway exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''!r}")
+            err = proc.stderr.read() if proc.stderr else b""
+            raise AssertionError(f"gateway exited with {proc.returncode}: {err!r}")
         try:
             if httpx.get(url + "/health/ready", timeout=1, trust_env=False).status_code == 200:
                 return
