@@ -5,7 +5,7 @@ VLLM_VENV ?= .venv-vllm
 TINY_MODEL ?= var/tiny-model
 PY := $(VENV)/bin/python
 
-.PHONY: install vllm-env tiny-model demo test test-fast lint typecheck bench clean
+.PHONY: install vllm-env tiny-model demo test test-fast test-vllm lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,15 @@ typecheck: install
 
 # Set-up command 2: lint, type-check, and every test tier (unit, integration, real vLLM).
 test: install tiny-model lint typecheck
-	$(VENV)/bin/pytest
+	VLLM_TIER_REQUIRED=1 $(VENV)/bin/pytest
 
 # The quick loop: everything but the real-vLLM tier.
 test-fast: install lint typecheck
 	$(VENV)/bin/pytest -m "not vllm"
+
+# Only the real-vLLM tier.
+test-vllm: install tiny-model
+	VLLM_TIER_REQUIRED=1 $(VENV)/bin/pytest -m vllm
 
 bench: install
 	$(PY) loadtest/bench_proxy.py
