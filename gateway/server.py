@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import uvicorn
@@ -35,6 +36,10 @@ def worker_app() -> ASGIApp:
 
 def run_server(settings: Settings, config: GatewayConfig) -> int:
     configure_logging(settings.log_level, settings.log_format)
+    if settings.redis_url:
+        logging.getLogger("gateway").warning(
+            "GATEWAY_REDIS_URL is set, but this version keeps all state (keys, mappings) in the config "
+            "file and each process; nothing is shared through Redis yet")
     if settings.workers > 1:
         # Workers are separate processes: hand them the same settings through the environment.
         os.environ.update({
