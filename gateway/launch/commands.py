@@ -136,7 +136,8 @@ def vllm_args(upstream: UpstreamSpec, launch: LaunchSpec) -> list[str]:
     ]
     if launch.pipeline_parallel_size != 1:
         args += ["--pipeline-parallel-size", str(launch.pipeline_parallel_size)]
-    args += ["--dtype", launch.dtype]
+    if launch.dtype != "auto":  # vLLM's own default
+        args += ["--dtype", launch.dtype]
     if launch.quantization is not None:
         args += ["--quantization", launch.quantization]
     if launch.max_model_len is not None:

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from gateway.config import GatewayConfig, LaunchSpec, UpstreamSpec, load_config
+from gateway.launch import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -124,56 +125,11 @@ def normalized(flags: Mapping[str, str | bool]) -> dict[str, str | bool | float]
 
 
 def expected_flags(u: UpstreamSpec) -> dict[str, str | bool]:
-    """The vLLM flags (except --host) that the upstream's launch section stands for."""
-    launch = u.launch
-    assert launch is not None
-    flags: dict[str, str | bool] = {
-        "--model": launch.model_path,
-        "--served-model-name": u.model,
-        "--port": str(u.port),
-        "--tensor-parallel-size": str(launch.tensor_parallel_size),
-    }
-    if launch.pipeline_parallel_size != 1:
-        flags["--pipeline-parallel-size"] = str(launch.pipeline_parallel_size)
-    if launch.dtype != "auto":
-        flags["--dtype"] = launch.dtype
-    if launch.quantization is not None:
-        flags["--quantization"] = launch.quantization
-    if launch.max_model_len is not None:
-        flags["--max-model-len"] = str(launch.max_model_len)
-    if launch.gpu_memory_utilization is not None:
-        flags["--gpu-memory-utilization"] = str(launch.gpu_memory_utilization)
-    if launch.max_num_seqs is not None:
-        flags["--max-num-seqs"] = str(launch.max_num_seqs)
-    if launch.enable_chunked_prefill is True:
-        flags["--enable-chunked-prefill"] = True
-    elif launch.enable_chunked_prefill is False:
-        flags["--no-enable-chunked-prefill"] = True
-    if launch.enforce_eager:
-        flags["--enforce-eager"] = True
-    for name, value in parse_flags(list(launch.extra_args)).items():
-        assert name not in flags, f"{u.name}: extra_args repeats {name}"
-        flags[name] = value
+    """The vLLM flags (except --host) that `gateway backends command` derives from the launch section."""
+    assert u.launch is not None
+    flags = parse_flags(commands.vllm_args(u, u.launch))
+    flags.pop("--host")
     return flags
-
-
-def nccl_env(launch: LaunchSpec) -> dict[str, str]:
-    """``launch.nccl`` as NCCL_* variables."""
-    n = launch.nccl
-    out: dict[str, str] = {}
-    if n.p2p_level is not None:
-        out["NCCL_P2P_LEVEL"] = n.p2p_level
-    if n.p2p_disable is not None:
-        out["NCCL_P2P_DISABLE"] = "1" if n.p2p_disable else "0"
-    if n.timeout is not None:
-        out["NCCL_TIMEOUT"] = str(n.timeout)
-    if n.ib_disable is not None:
-        out["NCCL_IB_DISABLE"] = "1" if n.ib_disable else "0"
-    if n.socket_ifname is not None:
-        out["NCCL_SOCKET_IFNAME"] = n.socket_ifname
-    if n.debug is not None:
-        out["NCCL_DEBUG"] = n.debug
-    return out
 
 
 def gpu_count(launch: LaunchSpec) -> int:
@@ -196,7 +152,8 @@ def assert_backend_env(where: str, env: Mapping[str, str], u: UpstreamSpec) -> N
     launch = u.launch
     assert launch is not None
     got_nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
-    assert got_nccl == nccl_env(launch), f"{where}: NCCL_* variables differ from launch.nccl of {u.name!r}"
+    assert got_nccl == commands.nccl_env(launch.nccl), (
+        f"{where}: NCCL_* variables differ from launch.nccl of {u.name!r}")
     for k, v in launch.env.items():
         assert env.get(k) == v, f"{where}: {k}={v!r} from launch.env of {u.name!r} is missing"
 

@@ -108,7 +108,7 @@ def test_minimal_cpu_launch() -> None:
         ".venv-vllm/bin/python", "-m", API_SERVER_MODULE,
         "--model", "var/tiny-model", "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", "8011",
-        "--tensor-parallel-size", "1", "--dtype", "auto",
+        "--tensor-parallel-size", "1",  # dtype "auto" is vLLM's default: not repeated
     )
     for k, v in CPU_ENV.items():
         assert cmd.env[k] == v
