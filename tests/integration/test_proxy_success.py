@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import httpx
@@ -14,6 +13,7 @@ from tests.fakes import FakeVLLM
 from tests.fakes.plugin import FakeVLLMFactory
 from tests.integration.conftest import BACKEND_KEY, CLIENT_KEY, GatewayFactory, upstream
 from tests.support.gateway_server import GatewayServer
+from tests.support.rawhttp import post_json, read_until
 
 MSG = [{"role": "user", "content": "Hello"}]
 
@@ -101,22 +101,11 @@ def test_streaming_is_incremental_over_a_real_socket(gw: GatewayServer, fake: Fa
     """The client must see the first token long before the upstream sends its last one."""
     fake.behaviour.token_delay = 0.25
     body = b'{"model":"public-chat","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}'
-    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\nContent-Length: "
-           + str(len(body)).encode() + b"\r\n\r\n" + body)
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
-        t0 = time.monotonic()
-        s.sendall(req)
-        seen = b""
-        while b'"content":"' not in seen.split(b"\r\n\r\n", 1)[-1].replace(b'"content":""', b""):
-            data = s.recv(65536)
-            assert data, "connection closed early"
-            seen += data
+    t0 = time.monotonic()
+    with post_json(gw.port, "/v1/chat/completions", body, CLIENT_KEY) as s:
+        seen = read_until(s, lambda b: b'"content":"' in b.split(b"\r\n\r\n", 1)[-1].replace(b'"content":""', b""))
         first_token_at = time.monotonic() - t0
-        while b"data: [DONE]" not in seen:
-            data = s.recv(65536)
-            assert data
-            seen += data
+        read_until(s, lambda b: b"data: [DONE]" in b, seen)
         done_at = time.monotonic() - t0
     # 8 tokens 0.25 s apart: the last arrives ~1.75 s after the first; buffering would merge them.
     assert first_token_at < 0.9

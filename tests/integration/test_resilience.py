@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import httpx
@@ -14,6 +13,7 @@ from tests.fakes import ENGINE_DEAD_BODY, FakeVLLM, Hang, MalformedSSE, ResetAft
 from tests.fakes.plugin import FakeVLLMFactory
 from tests.integration.conftest import CLIENT_KEY, GatewayFactory, upstream
 from tests.support.gateway_server import GatewayServer
+from tests.support.rawhttp import post_json, read_until
 
 MSG = [{"role": "user", "content": "Hello"}]
 
@@ -64,13 +64,8 @@ def test_malformed_sse_is_relayed_without_parsing(http: httpx.Client, fake: Fake
 def test_client_disconnect_mid_stream_aborts_the_upstream(gw: GatewayServer, fake: FakeVLLM) -> None:
     fake.behaviour.token_delay = 0.05
     body = b'{"model":"public-chat","messages":[{"role":"user","content":"hi"}],"max_tokens":400,"stream":true}'
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\nContent-Length: "
-                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-        seen = b""
-        while seen.count(b"data: ") < 3:
-            seen += s.recv(65536)
+    with post_json(gw.port, "/v1/chat/completions", body, CLIENT_KEY) as s:
+        read_until(s, lambda b: b.count(b"data: ") >= 3)
     assert fake.wait_for(lambda: fake.aborted == 1, timeout=3)
     assert fake.in_flight == 0 and fake.completed == 0
     metrics = httpx.get(gw.url + "/metrics").text

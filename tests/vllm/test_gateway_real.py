@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
@@ -12,6 +11,7 @@ import pytest
 
 from gateway.config import GatewayConfig, KeySpec, ModelSpec
 from tests.support.gateway_server import GatewayServer
+from tests.support.rawhttp import post_json, read_until
 from tests.vllm.support import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -118,15 +118,8 @@ def test_client_disconnect_aborts_the_generation(gw: GatewayServer, vllm_server:
     before = vllm_server.log_text().count("Aborted request")
     body = (b'{"model":"tiny-chat","messages":[{"role":"user","content":"hi"}],"max_tokens":480,'
             b'"ignore_eos":true,"stream":true}')
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: "
-                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-        seen = b""
-        while seen.count(b"data: ") < 5:
-            data = s.recv(65536)
-            assert data
-            seen += data
+    with post_json(gw.port, "/v1/chat/completions", body, KEY) as s:
+        read_until(s, lambda b: b.count(b"data: ") >= 5)
     deadline = time.monotonic() + 15
     while vllm_server.log_text().count("Aborted request") <= before:
         assert time.monotonic() < deadline, "vLLM never logged the abort"
