@@ -176,9 +176,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
                  f"gateway backends down{state_hint}")
             return 0
 
-        _out(f"{len(started)} backend(s) running; Ctrl-C stops them")
         running = list(started)
-        try:
+        try:  # from here on, an interrupt at any point (even mid-print) stops the backends
+            _out(f"{len(started)} backend(s) running; Ctrl-C stops them")
             while running:
                 for b in list(running):
                     code = b.poll()

@@ -1,5 +1,8 @@
 """Ownership of the httpx clients: one keep-alive pool per upstream.
 
+Each client runs on :class:`~gateway.upstream.transport.LeanTransport` (an O(1) pool and a C
+parser) unless the upstream goes through an HTTP proxy, which httpx's own transport handles.
+
 Environment proxies (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY) are ignored (``trust_env=False``): a
 stray proxy variable must not send traffic for a local GPU box through a "local proxy". An
 upstream that really needs a proxy names it in its ``proxy`` field.
@@ -11,27 +14,36 @@ import httpx
 
 from gateway.config.schema import Timeouts
 from gateway.mappings.snapshot import Upstream
+from gateway.upstream.transport import LeanTransport
+
+# Below uvicorn's default keep-alive timeout (5 s), so an idle connection is retired by us first.
+KEEPALIVE_EXPIRY_S = 4.0
 
 
 class UpstreamClients:
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeouts = timeouts
         self._clients: dict[str, httpx.AsyncClient] = {}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
 
     def _make(self, upstream: Upstream) -> httpx.AsyncClient:
         spec = upstream.spec
         t = self._timeouts
+        transport = None if spec.proxy else LeanTransport(
+            max_connections=spec.max_connections, max_idle=spec.max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S)
         return httpx.AsyncClient(
             base_url=upstream.base_url,
             trust_env=False,
             proxy=spec.proxy,
+            transport=transport,
             # Reading the headers and each body chunk is bounded by asyncio deadlines in the
             # forwarder (first byte / idle / total); httpx bounds connecting and writing.
             timeout=httpx.Timeout(connect=t.connect, read=None, write=t.idle, pool=t.connect),
             limits=httpx.Limits(
                 max_connections=spec.max_connections,
                 max_keepalive_connections=spec.max_connections,
-                keepalive_expiry=30.0,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
             follow_redirects=False,
         )
@@ -41,6 +53,14 @@ class UpstreamClients:
         if client is None:
             client = self._clients[upstream.name] = self._make(upstream)
         return client
+
+    def url(self, upstream: Upstream, path: str) -> httpx.URL:
+        """The upstream's URL for ``path``, parsed once."""
+        key = (upstream.name, path)
+        url = self._urls.get(key)
+        if url is None:
+            url = self._urls[key] = httpx.URL(upstream.base_url + path)
+        return url
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}

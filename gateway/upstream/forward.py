@@ -100,9 +100,10 @@ class Forwarder:
         for up in self.selector.order(entry)[: self.retry.max_attempts]:
             payload["model"] = up.served_name
             client = self.clients.get(up)
-            request = client.build_request(
-                "POST", path, content=orjson.dumps(payload), headers=self._headers(up, extra, request_id)
-            )
+            # A bare Request, not client.build_request(): no URL merging and no cookie jar, so a
+            # cookie one upstream response sets can never ride along on another user's request.
+            request = httpx.Request("POST", self.clients.url(up, path), content=orjson.dumps(payload),
+                                    headers=self._headers(up, extra, request_id))
             try:
                 async with asyncio.timeout_at(min(deadline, loop.time() + t.first_byte)):
                     response = await client.send(request, stream=True)

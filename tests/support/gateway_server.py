@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+import uvloop
 
 from gateway.app import create_app
 from gateway.config import parse_config
@@ -33,7 +34,9 @@ class GatewayServer:
         self._thread = threading.Thread(target=self._run, name=f"gateway-{self.port}", daemon=True)
 
     def _run(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+        # The same event loop as `gateway serve` (uvicorn picks uvloop when it is installed).
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(self._server.serve(sockets=[self._sock]))
 
     @property
     def services(self) -> Any:
