@@ -6,12 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gateway import __version__
 from gateway.api import openai_routes, ops
 from gateway.api.errors import install_exception_handlers
 from gateway.api.middleware import RequestContextMiddleware
+from gateway.api.proxy import ProxyEndpoint
 from gateway.auth.keys import StaticKeyStore
 from gateway.config.schema import GatewayConfig
 from gateway.errors import GatewayError
@@ -64,6 +66,11 @@ def create_app(settings: Settings, config: GatewayConfig) -> ASGIApp:
                   docs_url="/docs", redoc_url=None)
     app.state.services = services
     install_exception_handlers(app)
-    app.include_router(openai_routes.build_router(services))
+    router = openai_routes.build_router(services)
+    app.include_router(router)
     app.include_router(ops.build_router(services))
-    return RequestContextMiddleware(app, services.metrics, settings.access_log)
+    fast: dict[str, ProxyEndpoint] = {}
+    for r in router.routes:
+        if isinstance(r, Route) and isinstance(r.app, ProxyEndpoint):
+            fast[r.path] = r.app
+    return RequestContextMiddleware(app, services.metrics, settings.access_log, fast_posts=fast)

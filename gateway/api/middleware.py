@@ -9,10 +9,10 @@ any exception that escaped the app into a 500 in OpenAI's format when nothing wa
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.api.context import SCOPE_KEY, RequestContext
@@ -43,14 +43,18 @@ def _request_id(headers: list[tuple[bytes, bytes]]) -> str:
             if _SANE_ID.match(value):
                 return value
             break
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics, access_log: bool = True) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, access_log: bool = True,
+                 fast_posts: Mapping[str, ASGIApp] | None = None) -> None:
         self.app = app
         self.metrics = metrics
         self.access_log = access_log
+        # POST endpoints served directly, skipping the framework's routing layers (the hot path);
+        # any other method on those paths still goes through the app (405 with Allow).
+        self.fast_posts = fast_posts or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -80,8 +84,9 @@ class RequestContextMiddleware:
 
         gauge = self.metrics.in_flight.labels(route)
         gauge.inc()
+        app = self.fast_posts.get(norm, self.app) if scope["method"] == "POST" else self.app
         try:
-            await self.app(scope, receive, send_wrapper)
+            await app(scope, receive, send_wrapper)
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), norm,
                           extra={"request_id": ctx.request_id})

@@ -24,6 +24,7 @@ from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.mappings.snapshot import ModelEntry
 from gateway.services import Services
 from gateway.upstream import forward
+from gateway.upstream.idle import IdleTimer
 from gateway.upstream.normalize import check_success_body, from_transport_error
 from gateway.upstream.sse import CHAT_END, RESPONSES_END, SseRelay, error_event
 
@@ -135,28 +136,28 @@ class ProxyEndpoint:
         up = opened.upstream
         response = opened.response
         relay = SseRelay(up.served_name, entry.id, RESPONSES_END if self.route.kind == "responses" else CHAT_END)
-        loop = asyncio.get_running_loop()
         idle = s.config.timeouts.idle
-        deadline = opened.deadline
         err: GatewayError | None = None
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        timer = IdleTimer(idle, opened.deadline)
         try:
-            async with asyncio.timeout_at(min(deadline, loop.time() + idle)) as cm:
-                async for chunk in response.aiter_raw():
-                    if ctx.ttfb is None:
-                        ctx.ttfb = time.perf_counter() - ctx.started
-                    out = relay.feed(chunk)
-                    if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                    cm.reschedule(min(deadline, loop.time() + idle))
-        except TimeoutError:
+            async for chunk in response.aiter_raw():
+                timer.touch()
+                if ctx.ttfb is None:
+                    ctx.ttfb = time.perf_counter() - ctx.started
+                out = relay.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        except asyncio.CancelledError:
+            if not timer.absorb():
+                raise
             err = UpstreamTimeout(
-                f"Upstream {up.name} sent nothing for {idle:g}s in the middle of the stream."
-                if loop.time() < deadline else "The request exceeded the total time limit."
-            )
+                "The request exceeded the total time limit." if timer.total_exceeded()
+                else f"Upstream {up.name} sent nothing for {idle:g}s in the middle of the stream.")
         except httpx.HTTPError as exc:
             err = from_transport_error(exc, up)
         finally:
+            timer.stop()
             await response.aclose()
         tail = relay.flush()
         if not relay.saw_done:

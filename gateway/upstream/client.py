@@ -25,13 +25,18 @@ class UpstreamClients:
         self._timeouts = timeouts
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._lean: dict[str, LeanTransport] = {}
+        self._timeout_ext = httpx.Timeout(connect=timeouts.connect, read=None, write=timeouts.idle,
+                                          pool=timeouts.connect).as_dict()
 
     def _make(self, upstream: Upstream) -> httpx.AsyncClient:
         spec = upstream.spec
         t = self._timeouts
-        transport = None if spec.proxy else LeanTransport(
-            max_connections=spec.max_connections, max_idle=spec.max_connections,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        transport = None
+        if not spec.proxy:
+            transport = self._lean[upstream.name] = LeanTransport(
+                max_connections=spec.max_connections, max_idle=spec.max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S)
         return httpx.AsyncClient(
             base_url=upstream.base_url,
             trust_env=False,
@@ -47,6 +52,23 @@ class UpstreamClients:
             ),
             follow_redirects=False,
         )
+
+    async def send(self, upstream: Upstream, request: httpx.Request) -> httpx.Response:
+        """Send ``request``; the response's body is left open (the caller reads and closes it).
+
+        On the lean transport the request goes straight to it: the AsyncClient layer would only add
+        a cookie jar (which must not carry one user's upstream cookies to another) and its cost.
+        """
+        transport = self._lean.get(upstream.name)
+        if transport is None:
+            if upstream.spec.proxy:
+                return await self.get(upstream).send(request, stream=True)
+            self.get(upstream)
+            transport = self._lean[upstream.name]
+        request.extensions["timeout"] = self._timeout_ext
+        response = await transport.handle_async_request(request)
+        response.request = request
+        return response
 
     def get(self, upstream: Upstream) -> httpx.AsyncClient:
         client = self._clients.get(upstream.name)
@@ -64,5 +86,6 @@ class UpstreamClients:
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}
+        self._lean = {}
         for c in clients.values():
             await c.aclose()

@@ -23,6 +23,7 @@ from gateway.mappings.snapshot import ModelEntry, Upstream
 from gateway.routing.health import HealthBoard
 from gateway.routing.selector import Selector
 from gateway.upstream.client import UpstreamClients
+from gateway.upstream.idle import IdleTimer
 from gateway.upstream.normalize import from_error_response, from_transport_error
 
 log = logging.getLogger("gateway.upstream")
@@ -99,14 +100,13 @@ class Forwarder:
         last: GatewayError | None = None
         for up in self.selector.order(entry)[: self.retry.max_attempts]:
             payload["model"] = up.served_name
-            client = self.clients.get(up)
             # A bare Request, not client.build_request(): no URL merging and no cookie jar, so a
             # cookie one upstream response sets can never ride along on another user's request.
             request = httpx.Request("POST", self.clients.url(up, path), content=orjson.dumps(payload),
                                     headers=self._headers(up, extra, request_id))
             try:
                 async with asyncio.timeout_at(min(deadline, loop.time() + t.first_byte)):
-                    response = await client.send(request, stream=True)
+                    response = await self.clients.send(up, request)
             except TimeoutError:
                 err: GatewayError = UpstreamTimeout(
                     f"Upstream {up.name} sent no response within {t.first_byte:g}s."
@@ -144,22 +144,24 @@ async def read_body(
     response: httpx.Response, deadline: float, idle: float, max_bytes: int, up: Upstream
 ) -> bytes:
     """The whole (non-streaming) body, bounded in size, total time and silence; always closes."""
-    loop = asyncio.get_running_loop()
     parts: list[bytes] = []
     size = 0
+    timer = IdleTimer(idle, deadline)
     try:
-        async with asyncio.timeout_at(min(deadline, loop.time() + idle)) as cm:
-            async for chunk in response.aiter_raw():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise UpstreamBadResponse(f"Upstream {up.name} sent a body over {max_bytes} bytes.")
-                parts.append(chunk)
-                cm.reschedule(min(deadline, loop.time() + idle))
-    except TimeoutError:
+        async for chunk in response.aiter_raw():
+            timer.touch()
+            size += len(chunk)
+            if size > max_bytes:
+                raise UpstreamBadResponse(f"Upstream {up.name} sent a body over {max_bytes} bytes.")
+            parts.append(chunk)
+    except asyncio.CancelledError:
+        if not timer.absorb():
+            raise
         raise UpstreamTimeout(f"Upstream {up.name} stopped sending its response.") from None
     except httpx.HTTPError as exc:
         raise from_transport_error(exc, up) from None
     finally:
+        timer.stop()
         await response.aclose()
     return b"".join(parts)
 
