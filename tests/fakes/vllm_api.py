@@ -1,5 +1,5 @@
 """vLLM 0.32 OpenAI-server semantics without an engine: request validation, error bodies, token
-counting and response bodies, shaped like /work/shared/vllm/captures.md (case numbers below).
+counting and response bodies, shaped like ../shared/vllm/captures.md (case numbers below).
 
 Pure functions only; `fake_vllm.py` does the HTTP and the timing.
 

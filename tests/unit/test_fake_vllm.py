@@ -1,4 +1,4 @@
-"""The fake vLLM server against the bodies captured from vLLM 0.32 (/work/shared/vllm/captures.md,
+"""The fake vLLM server against the bodies captured from vLLM 0.32 (../shared/vllm/captures.md,
 case numbers in comments; the expected bodies are copied here), with httpx and the openai SDK."""
 
 from __future__ import annotations
