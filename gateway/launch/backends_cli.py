@@ -152,32 +152,21 @@ def _cmd_up(args: argparse.Namespace) -> int:
     def ready(b: BackendProcess) -> None:
         _out(f"{b.name}: ready at {b.command.url} after {b.ready_after_s or 0:.1f} s")
 
+    serving = False  # False while starting: an interrupt then exits 130; while serving it is the normal stop
     with _terminate_as_interrupt():
-        try:
+        try:  # one try for the whole run: an interrupt at any point, even mid-print, stops the backends
             for c in todo:
                 b = start_backend(c, state=state, detached=args.detach)
                 started.append(b)
                 _out(f"{c.name}: starting (pid {b.pid}, {c.url}, log {b.log_path}); waiting for /health")
             wait_ready(started, on_ready=ready)
-        except LaunchFailed as exc:
-            _err(f"error: {exc}")
-            if started:
-                _out("stopping what was started:")
-                _print_stops(stop_backends(started, timeout_s=args.stop_timeout, state=state))
-            return 1
-        except KeyboardInterrupt:
-            _out("\ninterrupted; stopping backends:")
-            _print_stops(stop_backends(started, timeout_s=args.stop_timeout, state=state))
-            return 130
-
-        if args.detach:
-            state_hint = "" if Path(args.state_dir) == DEFAULT_STATE_DIR else f" --state-dir {args.state_dir}"
-            _out(f"{len(started)} backend(s) running in the background; stop with: "
-                 f"gateway backends down{state_hint}")
-            return 0
-
-        running = list(started)
-        try:  # from here on, an interrupt at any point (even mid-print) stops the backends
+            if args.detach:
+                state_hint = "" if Path(args.state_dir) == DEFAULT_STATE_DIR else f" --state-dir {args.state_dir}"
+                _out(f"{len(started)} backend(s) running in the background; stop with: "
+                     f"gateway backends down{state_hint}")
+                return 0
+            serving = True
+            running = list(started)
             _out(f"{len(started)} backend(s) running; Ctrl-C stops them")
             while running:
                 for b in list(running):
@@ -195,10 +184,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
                     return 1
                 time.sleep(0.5)
             return 0
+        except LaunchFailed as exc:
+            _err(f"error: {exc}")
+            if started:
+                _out("stopping what was started:")
+                _print_stops(stop_backends(started, timeout_s=args.stop_timeout, state=state))
+            return 1
         except KeyboardInterrupt:
-            _out("\nstopping backends:")
+            _out("\nstopping backends:" if serving else "\ninterrupted; stopping backends:")
             _print_stops(stop_backends(started, timeout_s=args.stop_timeout, state=state))
-            return 0
+            return 0 if serving else 130
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
