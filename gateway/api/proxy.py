@@ -110,12 +110,12 @@ class ProxyEndpoint:
             await self._relay(send, ctx, entry, opened)
             return
         up = opened.upstream
+        ctx.ttfb = time.perf_counter() - ctx.started  # vLLM sends a whole answer's headers with its body
         try:
             raw = await forward.read_body(
                 opened.response, opened.deadline, s.config.timeouts.idle,
                 s.config.limits.max_response_bytes, up,
             )
-            ctx.ttfb = time.perf_counter() - ctx.started
             data = check_success_body(raw, self.route.kind, up)
         except GatewayError as err:
             s.forwarder.report(up, err)
@@ -148,6 +148,7 @@ class ProxyEndpoint:
                 out = relay.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    timer.touch()  # time spent waiting on a slow client is not upstream silence
         except asyncio.CancelledError:
             if not timer.absorb():
                 raise
