@@ -29,7 +29,7 @@ from gateway.upstream.forward import Forwarder
 
 
 def build_services(settings: Settings, config: GatewayConfig) -> Services:
-    metrics = Metrics()
+    metrics = Metrics(multiprocess_dir=settings.metrics_dir)
     table = ModelTable.from_config(config)
     board = HealthBoard(u.name for u in table.upstreams())
     model_of = {u.name: u.model_id for u in table.upstreams()}
@@ -61,6 +61,7 @@ def create_app(settings: Settings, config: GatewayConfig) -> ASGIApp:
         finally:
             await services.monitor.stop()
             await services.clients.aclose()
+            services.metrics.close()
 
     app = FastAPI(title="vllm-gateway", version=__version__, lifespan=lifespan,
                   docs_url="/docs", redoc_url=None)

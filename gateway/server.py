@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -41,8 +43,14 @@ def run_server(settings: Settings, config: GatewayConfig) -> int:
             "GATEWAY_REDIS_URL is set, but this version keeps all state (keys, mappings) in the config "
             "file and each process; nothing is shared through Redis yet")
     if settings.workers > 1:
-        # Workers are separate processes: hand them the same settings through the environment.
+        # Workers are separate processes: hand them the same settings through the environment,
+        # and a fresh directory for their metric files (read at prometheus_client's import).
+        metrics_dir = settings.metrics_dir or Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        for stale in metrics_dir.glob("*.db"):
+            stale.unlink()
         os.environ.update({
+            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "GATEWAY_METRICS_DIR": str(metrics_dir),
             "GATEWAY_CONFIG": str(settings.config), "GATEWAY_HOST": settings.host,
             "GATEWAY_PORT": str(settings.port), "GATEWAY_LOG_LEVEL": settings.log_level,
             "GATEWAY_LOG_FORMAT": settings.log_format,

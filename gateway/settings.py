@@ -1,8 +1,8 @@
 """Process settings (where the config is, where to listen), from the environment or the CLI.
 
 ``GATEWAY_`` prefix: ``GATEWAY_CONFIG``, ``GATEWAY_HOST``, ``GATEWAY_PORT``, ``GATEWAY_WORKERS``,
-``GATEWAY_REDIS_URL``, ``GATEWAY_LOG_LEVEL``, ``GATEWAY_LOG_FORMAT``. Nothing here is read at import: the
-CLI builds one :class:`Settings` and passes it down.
+``GATEWAY_REDIS_URL``, ``GATEWAY_LOG_LEVEL``, ``GATEWAY_LOG_FORMAT``, ``GATEWAY_METRICS_DIR``.
+Nothing here is read at import: the CLI builds one :class:`Settings` and passes it down.
 """
 
 from __future__ import annotations
@@ -26,3 +26,6 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     access_log: bool = True
     graceful_shutdown_s: float = Field(default=30.0, ge=0)
+    # With workers > 1: where each worker writes its metric files, so /metrics adds up all workers
+    # (created in the temp dir when unset).
+    metrics_dir: Path | None = None

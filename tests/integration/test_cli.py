@@ -60,10 +60,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) ->
 def serve(tmp_path: Path, fake: FakeVLLM) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*extra: str) -> tuple[str, subprocess.Popen[bytes]]:
+    def start(*extra: str, env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
         port = _free_port()
         env = {**os.environ, "TEST_BACKEND_KEY": BACKEND_KEY, "GATEWAY_PORT": str(port),
-               "GATEWAY_LOG_FORMAT": "json"}
+               "GATEWAY_LOG_FORMAT": "json", **(env or {})}
         proc = subprocess.Popen([*GATEWAY, "serve", "--config", str(_write_config(tmp_path, fake)), *extra],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(proc)
@@ -108,13 +108,22 @@ def test_graceful_shutdown_lets_open_streams_finish(serve, fake: FakeVLLM) -> No
     assert proc.wait(15) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a clean shutdown
 
 
-def test_several_workers(serve) -> None:  # type: ignore[no-untyped-def]
-    url, _proc = serve("--workers", "2")
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as c:
-        for _ in range(6):
+def test_several_workers_share_one_view_of_the_metrics(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    metrics_dir = tmp_path / "metrics"
+    url, _proc = serve("--workers", "2", env={"GATEWAY_METRICS_DIR": str(metrics_dir)})
+    pids = set()
+    for _ in range(12):  # new connections, so both workers take some
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as c:
             r = c.post("/v1/chat/completions", json={"model": "public-chat",
                                                      "messages": [{"role": "user", "content": "x"}]})
             assert r.status_code == 200
+    for name in metrics_dir.glob("*.db"):
+        pids.add(name.stem.rsplit("_", 1)[-1])
+    assert len(pids) == 2  # both workers recorded something
+    line = 'gateway_requests_total{model="public-chat",route="/v1/chat/completions",status_class="2xx"} 12.0'
+    for _ in range(4):  # whichever worker answers the scrape adds up both
+        with httpx.Client(base_url=url) as c:
+            assert line in c.get("/metrics").text
 
 
 def test_check_config(tmp_path: Path, fake: FakeVLLM) -> None:
