@@ -16,8 +16,9 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.proxy import ProxyEndpoint
 from gateway.auth.keys import StaticKeyStore
 from gateway.config.schema import GatewayConfig
+from gateway.domain import Upstream
 from gateway.errors import GatewayError
-from gateway.mappings.snapshot import ModelTable, Upstream
+from gateway.mappings.snapshot import ModelTable
 from gateway.observability.metrics import Metrics
 from gateway.routing.health import HealthBoard, HealthMonitor
 from gateway.routing.probe import ProbeResult

@@ -8,7 +8,7 @@ from starlette.routing import Route
 
 from gateway.api.proxy import ProxyEndpoint
 from gateway.api.routes import PROXY_ROUTES
-from gateway.mappings.snapshot import ModelEntry
+from gateway.domain import ModelEntry
 from gateway.services import Services
 
 

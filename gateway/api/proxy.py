@@ -20,8 +20,8 @@ from gateway.api.context import RequestContext, context_of
 from gateway.api.errors import send_error
 from gateway.api.routes import ProxyRoute
 from gateway.api.validate import parse_payload, read_body
+from gateway.domain import ModelEntry
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
-from gateway.mappings.snapshot import ModelEntry
 from gateway.services import Services
 from gateway.upstream import forward
 from gateway.upstream.idle import IdleTimer

@@ -7,35 +7,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
-from gateway.auth.keys import Principal
-from gateway.config.schema import GatewayConfig, UpstreamSpec
+from gateway.config.schema import GatewayConfig
+from gateway.domain import ModelEntry, Upstream
 from gateway.errors import ModelNotFound
 
 
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    """One backend as the forwarder needs it (the key stays a secret until the header is built)."""
+class Caller(Protocol):
+    """Who asks (an authenticated key): only which public models it may use matters here."""
 
-    name: str
-    model_id: str  # the public ID it serves
-    base_url: str
-    served_name: str
-    spec: UpstreamSpec
-    weight: int
-
-    @classmethod
-    def from_spec(cls, model_id: str, spec: UpstreamSpec) -> Upstream:
-        assert spec.name is not None
-        return cls(spec.name, model_id, spec.url, spec.model, spec, spec.weight)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelEntry:
-    id: str
-    upstreams: tuple[Upstream, ...]
-    owned_by: str
-    created: int
+    def may_use(self, model_id: str) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +34,10 @@ class ModelTable:
         }
         return cls(entries)
 
-    def visible_to(self, principal: Principal) -> list[ModelEntry]:
+    def visible_to(self, principal: Caller) -> list[ModelEntry]:
         return [e for e in self.entries.values() if principal.may_use(e.id)]
 
-    def resolve(self, model_id: str, principal: Principal) -> ModelEntry:
+    def resolve(self, model_id: str, principal: Caller) -> ModelEntry:
         """The entry for ``model_id`` if this key may use it; otherwise one and the same 404."""
         entry = self.entries.get(model_id)
         if entry is None or not principal.may_use(model_id):

@@ -7,7 +7,7 @@ Upstreams with weight 0 are drained: used only when nothing else is left.
 
 from __future__ import annotations
 
-from gateway.mappings.snapshot import ModelEntry, Upstream
+from gateway.domain import ModelEntry, Upstream
 from gateway.routing.health import HealthBoard
 
 

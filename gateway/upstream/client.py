@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 
 from gateway.config.schema import Timeouts
-from gateway.mappings.snapshot import Upstream
+from gateway.domain import Upstream
 from gateway.upstream.transport import LeanTransport
 
 # Below uvicorn's default keep-alive timeout (5 s), so an idle connection is retired by us first.

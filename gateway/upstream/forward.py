@@ -18,8 +18,8 @@ import httpx
 import orjson
 
 from gateway.config.schema import LimitsSpec, RetrySpec, Timeouts
+from gateway.domain import ModelEntry, Upstream
 from gateway.errors import GatewayError, UpstreamBadResponse, UpstreamError, UpstreamTimeout
-from gateway.mappings.snapshot import ModelEntry, Upstream
 from gateway.routing.health import HealthBoard
 from gateway.routing.selector import Selector
 from gateway.upstream.client import UpstreamClients

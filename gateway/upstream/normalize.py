@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway.domain import Upstream
 from gateway.errors import (
     GatewayError,
     UpstreamAuthFailed,
@@ -24,7 +25,6 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from gateway.mappings.snapshot import Upstream
 
 _CONTEXT = re.compile(r"maximum context length|context length is|prompt is too long", re.I)
 

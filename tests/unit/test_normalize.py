@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config.schema import UpstreamSpec
+from gateway.domain import Upstream
 from gateway.errors import GatewayError, UpstreamBadResponse
-from gateway.mappings.snapshot import Upstream
 from gateway.upstream.normalize import check_success_body, from_error_response
 
 UP = Upstream.from_spec("pub", UpstreamSpec(name="gpu0", url="http://127.0.0.1:1", model="tiny"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gateway.config.schema import UpstreamSpec
-from gateway.mappings.snapshot import ModelEntry, Upstream
+from gateway.domain import ModelEntry, Upstream
 from gateway.routing.health import HealthBoard
 from gateway.routing.probe import ProbeResult, ProbeState
 from gateway.routing.selector import Selector
