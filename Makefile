@@ -21,6 +21,7 @@ vllm-env:
 
 tiny-model: vllm-env
 	$(VLLM_VENV)/bin/python scripts/make_tiny_model.py $(TINY_MODEL)
+	$(VLLM_VENV)/bin/python scripts/make_tiny_model.py --head-dim 16 var/tiny-model-hd16
 
 # Set-up command 1: a real vLLM on this machine's CPUs behind the gateway; Ctrl-C stops everything.
 demo: install

@@ -4,6 +4,7 @@ Run it with the vLLM venv's interpreter (it needs torch, transformers and tokeni
 
     .venv-vllm/bin/python scripts/make_tiny_model.py            # -> var/tiny-model
     .venv-vllm/bin/python scripts/make_tiny_model.py /tmp/tiny  # any directory
+    .venv-vllm/bin/python scripts/make_tiny_model.py --head-dim 16 var/tiny-model-hd16
 
 Nothing is downloaded (HF_HUB_OFFLINE=1). The output is deterministic: a seeded synthetic
 corpus trains a byte-level BPE tokenizer and a fixed seed initialises the weights, so two runs
@@ -13,6 +14,11 @@ Shape (see vllm/RECIPE.md): hidden 128, intermediate 256, 2 layers, 4 attention 
 head_dim 32 (the CPU attention backend rejects head sizes below 32 on the first request),
 vocab 2048, bfloat16, max_position_embeddings 2048. The tokenizer carries a Jinja chat template so
 ``/v1/chat/completions`` works. Generated text is random.
+
+``--head-dim N`` (default 32) builds the same kind of model with another attention head size:
+4 heads of N, so hidden 4*N and intermediate 8*N (the default is exactly the shape above, byte
+for byte). ``--head-dim 16`` gives a model vLLM's CPU build loads and reports healthy, whose
+first generation then kills the engine (tests/vllm/test_engine_crash.py).
 
 If the directory already holds a model built by this script with the same parameters (a stamp
 file records them), it returns at once; ``--force`` rebuilds.
@@ -37,6 +43,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SEED = 1234
 VOCAB_SIZE = 2048
+DEFAULT_HEAD_DIM = 32
+NUM_HEADS = 4
 MODEL_PARAMS: dict[str, object] = {
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -68,9 +76,19 @@ BUILD_VERSION = 1
 STAMP = ".tiny-model.json"
 
 
-def build_id() -> str:
+def model_params(head_dim: int = DEFAULT_HEAD_DIM) -> dict[str, object]:
+    """MODEL_PARAMS with another head size: NUM_HEADS heads (and KV heads) of ``head_dim``."""
+    if head_dim == DEFAULT_HEAD_DIM:
+        return dict(MODEL_PARAMS)
+    if head_dim < 1 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number (rotary embeddings), not {head_dim}")
+    hidden = NUM_HEADS * head_dim
+    return {**MODEL_PARAMS, "hidden_size": hidden, "intermediate_size": 2 * hidden, "head_dim": head_dim}
+
+
+def build_id(params: dict[str, object] = MODEL_PARAMS) -> str:
     blob = json.dumps(
-        {"v": BUILD_VERSION, "seed": SEED, "model": MODEL_PARAMS, "special": SPECIAL_TOKENS,
+        {"v": BUILD_VERSION, "seed": SEED, "model": params, "special": SPECIAL_TOKENS,
          "template": CHAT_TEMPLATE},
         sort_keys=True,
     )
@@ -101,7 +119,7 @@ def corpus(seed: int = SEED, lines: int = 4000) -> list[str]:
     return out
 
 
-def build(out_dir: Path) -> None:
+def build(out_dir: Path, params: dict[str, object] = MODEL_PARAMS) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -126,19 +144,19 @@ def build(out_dir: Path) -> None:
         eos_token="</s>",
         pad_token="<pad>",
         additional_special_tokens=SPECIAL_TOKENS[4:],
-        model_max_length=int(str(MODEL_PARAMS["max_position_embeddings"])),
+        model_max_length=int(str(params["max_position_embeddings"])),
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
 
-    vocab_size = int(str(MODEL_PARAMS["vocab_size"]))
+    vocab_size = int(str(params["vocab_size"]))
     if len(fast) > vocab_size:
         raise SystemExit(f"tokenizer has {len(fast)} tokens, more than the model's vocab {vocab_size}")
 
     # Model: random weights from a fixed seed.
     torch.manual_seed(SEED)
     config = LlamaConfig(
-        **MODEL_PARAMS,  # type: ignore[arg-type]
+        **params,  # type: ignore[arg-type]
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
@@ -156,7 +174,7 @@ def build(out_dir: Path) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         fast.save_pretrained(tmp)
-        (tmp / STAMP).write_text(json.dumps({"build_id": build_id(), "seed": SEED, **MODEL_PARAMS},
+        (tmp / STAMP).write_text(json.dumps({"build_id": build_id(params), "seed": SEED, **params},
                                             indent=2, sort_keys=True) + "\n")
         tmp.chmod(0o755)  # mkdtemp makes it private
         for f in tmp.iterdir():
@@ -170,27 +188,34 @@ def build(out_dir: Path) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     size = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
     print(f"[make_tiny_model] wrote {out_dir} ({n_params:,} parameters, {len(fast)} tokens, "
-          f"{size / 1e6:.1f} MB, build {build_id()})")
+          f"{size / 1e6:.1f} MB, build {build_id(params)})")
 
 
-def is_built(out_dir: Path) -> bool:
+def is_built(out_dir: Path, params: dict[str, object] = MODEL_PARAMS) -> bool:
     try:
         stamp = json.loads((out_dir / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return bool(stamp.get("build_id") == build_id() and (out_dir / "model.safetensors").is_file())
+    return bool(stamp.get("build_id") == build_id(params) and (out_dir / "model.safetensors").is_file())
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", nargs="?", default="var/tiny-model", help="output directory (default var/tiny-model)")
+    p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM, metavar="N",
+                   help=f"attention head size (default {DEFAULT_HEAD_DIM}); {NUM_HEADS} heads, hidden "
+                        f"{NUM_HEADS}*N. vLLM's CPU attention rejects 16 on the first request")
     p.add_argument("--force", action="store_true", help="rebuild even if already built")
     args = p.parse_args(argv)
+    try:
+        params = model_params(args.head_dim)
+    except ValueError as exc:
+        p.error(str(exc))
     out_dir = Path(args.out_dir)
-    if not args.force and is_built(out_dir):
-        print(f"[make_tiny_model] already built: {out_dir} (build {build_id()}); --force to rebuild")
+    if not args.force and is_built(out_dir, params):
+        print(f"[make_tiny_model] already built: {out_dir} (build {build_id(params)}); --force to rebuild")
         return 0
-    build(out_dir)
+    build(out_dir, params)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -65,7 +66,8 @@ def serve(tmp_path: Path, fake: FakeVLLM) -> Iterator[tuple[str, subprocess.Pope
         env = {**os.environ, "TEST_BACKEND_KEY": BACKEND_KEY, "GATEWAY_PORT": str(port),
                "GATEWAY_LOG_FORMAT": "json", **(env or {})}
         proc = subprocess.Popen([*GATEWAY, "serve", "--config", str(_write_config(tmp_path, fake)), *extra],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)  # its own group: workers included in the cleanup
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, proc)
@@ -74,7 +76,13 @@ def serve(tmp_path: Path, fake: FakeVLLM) -> Iterator[tuple[str, subprocess.Pope
     yield start  # type: ignore[misc]
     for p in procs:
         if p.poll() is None:
-            p.kill()
+            p.terminate()  # uvicorn's supervisor stops its workers on SIGTERM
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the group (workers, trackers)
         p.wait(10)
         for stream in (p.stdout, p.stderr):
             if stream:

@@ -17,9 +17,13 @@ checking that no process is left):
     with ``vllm_factory`` for that.
 
 ``vllm_factory`` -> ``start(name, *, served_model="tiny", api_key=BACKEND_KEY, max_num_seqs=None,
-extra_args=()) -> VllmServer``
+extra_args=(), model_path=None) -> VllmServer``
     More servers with other options (e.g. ``max_num_seqs=2`` so requests queue and
-    ``vllm:num_requests_waiting`` rises). Each costs another start-up and ~2 GB: use sparingly.
+    ``vllm:num_requests_waiting`` rises), or another model: ``model_path=support.TINY_MODEL_HD16``
+    (``var/tiny-model-hd16``, ``make_tiny_model.py --head-dim 16``) serves a model whose first
+    generation kills the engine; without that directory the test is skipped like the rest of the
+    tier (failed under ``VLLM_TIER_REQUIRED=1``). Each costs another start-up and ~2 GB: use
+    sparingly. Servers that died on their own are fine: stopping them at the end is a no-op.
 
 Using a server behind the gateway (tests/support/gateway_server.py)::
 

