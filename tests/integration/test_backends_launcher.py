@@ -311,12 +311,8 @@ def test_cli_up_detach_verify_down(fake_vllm_path: str, tmp_path: Path) -> None:
 
 
 def test_cli_foreground_up_stops_on_ctrl_c(fake_vllm_path: str, tmp_path: Path) -> None:
-    cfg = tmp_path / "gw.yaml"
-    cfg.write_text(config_yaml(fake_vllm_path, free_port()))
-    run_dir = str(tmp_path / "run")
-    proc, lines = _foreground_up(cfg, run_dir, tmp_path / "log")
+    proc, run_dir = _foreground_up(fake_vllm_path, tmp_path)
     try:
-        assert any("ready at" in ln for ln in lines), lines
         rec = StateFile(run_dir).load()["fake-a"]
         assert group_members(rec.pgid)
         proc.send_signal(signal.SIGINT)
@@ -344,10 +340,14 @@ def test_cli_reports_config_and_name_errors(tmp_path: Path, capsys: pytest.Captu
     assert "m-0: down" in capsys.readouterr().out
 
 
-def _foreground_up(cfg: Path, run_dir: str, log_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+def _foreground_up(fake_vllm_path: str, tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """`gateway backends up` in the foreground on one fake backend, read until it serves; (process, state dir)."""
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(config_yaml(fake_vllm_path, free_port()))
+    run_dir = str(tmp_path / "run")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "backends", "up", "--config", str(cfg), "--state-dir", run_dir,
-         "--log-dir", str(log_dir)],
+         "--log-dir", str(tmp_path / "log")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert proc.stdout is not None
@@ -356,16 +356,16 @@ def _foreground_up(cfg: Path, run_dir: str, log_dir: Path) -> tuple[subprocess.P
         lines.append(line)
         if "Ctrl-C stops them" in line:
             break
-    return proc, lines
+    if not any("ready at" in ln for ln in lines):
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"`backends up` never became ready: {lines}")
+    return proc, run_dir
 
 
 def test_cli_foreground_up_ends_quietly_when_down_stops_it(fake_vllm_path: str, tmp_path: Path) -> None:
-    cfg = tmp_path / "gw.yaml"
-    cfg.write_text(config_yaml(fake_vllm_path, free_port()))
-    run_dir = str(tmp_path / "run")
-    proc, lines = _foreground_up(cfg, run_dir, tmp_path / "log")
+    proc, run_dir = _foreground_up(fake_vllm_path, tmp_path)
     try:
-        assert any("ready at" in ln for ln in lines), lines
         r = gateway("backends", "down", "--state-dir", run_dir)
         assert r.returncode == 0 and "fake-a: stopped" in r.stdout
         out, _ = proc.communicate(timeout=30)
@@ -378,12 +378,8 @@ def test_cli_foreground_up_ends_quietly_when_down_stops_it(fake_vllm_path: str, 
 
 
 def test_cli_foreground_up_reports_a_crashed_backend(fake_vllm_path: str, tmp_path: Path) -> None:
-    cfg = tmp_path / "gw.yaml"
-    cfg.write_text(config_yaml(fake_vllm_path, free_port()))
-    run_dir = str(tmp_path / "run")
-    proc, lines = _foreground_up(cfg, run_dir, tmp_path / "log")
+    proc, run_dir = _foreground_up(fake_vllm_path, tmp_path)
     try:
-        assert any("ready at" in ln for ln in lines), lines
         rec = StateFile(run_dir).load()["fake-a"]
         os.kill(rec.pid, signal.SIGKILL)  # the API server dies; its "engine" child lingers
         out, _ = proc.communicate(timeout=30)
