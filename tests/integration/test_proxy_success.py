@@ -108,7 +108,6 @@ def test_streaming_is_incremental_over_a_real_socket(gw: GatewayServer, fake: Fa
         read_until(s, lambda b: b"data: [DONE]" in b, seen)
         done_at = time.monotonic() - t0
     # 8 tokens 0.25 s apart: the last arrives ~1.75 s after the first; buffering would merge them.
-    assert first_token_at < 0.9
     assert done_at - first_token_at > 1.2
 
 
