@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.api.proxy import ProxyEndpoint
@@ -34,4 +33,4 @@ def build_router(s: Services) -> APIRouter:
     return router
 
 
-__all__ = ["Response", "build_router"]
+__all__ = ["build_router"]

@@ -19,7 +19,7 @@ import orjson
 
 from gateway.config.schema import LimitsSpec, RetrySpec, Timeouts
 from gateway.domain import ModelEntry, Upstream
-from gateway.errors import GatewayError, UpstreamBadResponse, UpstreamError, UpstreamTimeout
+from gateway.errors import GatewayError, UpstreamBadResponse, UpstreamTimeout
 from gateway.routing.health import HealthBoard
 from gateway.routing.selector import Selector
 from gateway.upstream.client import UpstreamClients
@@ -166,4 +166,4 @@ async def read_body(
     return b"".join(parts)
 
 
-__all__ = ["Forwarder", "Opened", "UpstreamError", "forward_headers", "read_body"]
+__all__ = ["Forwarder", "Opened", "forward_headers", "read_body"]
