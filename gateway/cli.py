@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import secrets
 import sys
 from collections.abc import Sequence
 
+from gateway.auth.keys import new_key
 from gateway.config import ConfigError, load_config
 from gateway.settings import Settings
 
@@ -35,12 +35,32 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     n_up = sum(len(m.upstreams) for m in config.models)
-    print(f"{args.file}: OK ({len(config.models)} models, {n_up} upstreams, {len(config.keys)} keys)")
+    n_lim = sum(1 for k in config.keys if k.limited() or k.per_model) + sum(1 for m in config.models if m.limited())
+    limited = f", {n_lim} with rate limits" if n_lim else ""
+    print(f"{args.file}: OK ({len(config.models)} models, {n_up} upstreams, {len(config.keys)} keys{limited})")
+    scraped = 0
+    for m in config.models:
+        if m.routing == "weighted" and m.affinity is None and m.shed is None:
+            continue
+        parts: list[str] = [m.routing]
+        if m.affinity is not None:
+            parts.append(f"affinity {m.affinity}")
+        if m.shed is not None:
+            parts.append("shed " + " ".join(f"{k}={v:g}" for k, v in
+                                            (("max_waiting", m.shed.max_waiting),
+                                             ("max_kv_usage", m.shed.max_kv_usage)) if v is not None))
+        if m.routing == "load_aware" or m.shed is not None:
+            scraped += len(m.upstreams)
+        print(f"  model {m.id}: {', '.join(parts)}")
+    if scraped:
+        r = config.routing
+        print(f"  /metrics of {scraped} upstreams scraped every {r.metrics_interval_s:g}s "
+              f"(older than {r.metrics_stale_s:g}s: saturated)")
     return 0
 
 
 def _cmd_keys_new(args: argparse.Namespace) -> int:
-    key = "sk-gw-" + secrets.token_urlsafe(32)
+    key = new_key()
     digest = hashlib.sha256(key.encode()).hexdigest()
     print(f"key (give it to {args.name}; it is shown only once):\n  {key}\n")
     print("config entry (keys:):")
@@ -70,9 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     kn.set_defaults(func=_cmd_keys_new)
 
     from gateway.launch import backends_cli, doctor_cli
+    from gateway.loadtool import cli as loadtool_cli
+    from gateway.ratelimit import usage_cli
 
     backends_cli.register(sub)
     doctor_cli.register(sub)
+    loadtool_cli.register(sub)
+    usage_cli.register(sub)
     return p
 
 

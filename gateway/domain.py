@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config.schema import UpstreamSpec
+from gateway.config.schema import LimitSpec, ShedSpec, UpstreamSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +34,10 @@ class ModelEntry:
     upstreams: tuple[Upstream, ...]
     owned_by: str
     created: int
+    limits: LimitSpec | None = None  # model-wide rate limits, shared by every key
+    max_model_len: int | None = None  # the smallest launch.max_model_len of its upstreams, when known
+    aliases: tuple[str, ...] = ()  # other names clients may send for this model
+    routing: str = "weighted"  # weighted | least_outstanding | load_aware (gateway.routing.selector)
+    affinity: str | None = None  # "header:<name>" or "user" (gateway.routing.affinity)
+    shed: ShedSpec | None = None  # refuse early when every usable upstream is over these
+    fallbacks: tuple[str, ...] = ()  # public model IDs to try, in order, when no upstream can take a request

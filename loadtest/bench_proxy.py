@@ -1,25 +1,25 @@
-"""Gateway overhead benchmark: the same load against the upstream directly and through the gateway.
+"""Proxy benchmark: the same load directly against a fast vLLM-like stub and through nginx, the Python
+floor and the gateway, in the same run, alternating rounds so machine noise hits all alike.
 
-Starts ``loadtest/upstream_stub.py`` (a fast vLLM-like backend) and ``gateway serve`` in front of it,
-both on 127.0.0.1, waits until both answer (polling, no fixed sleeps), then for each scenario and
-concurrency runs the same bounded load against (a) the stub directly and (b) the gateway,
-alternating the two in rounds so machine noise hits both alike:
+Cases (issue 11's table; `loadtest/bench/scenarios.py`):
+  A  non-streaming, concurrency 1: added p50 (target minus direct)
+  B  non-streaming, concurrency 64: req/s, and the proxy's CPU per request
+  C  32-chunk streams, concurrency 64: chunks/s
+  D  200 concurrent streams, 20 ms per chunk: added time-to-first-chunk p99
 
-- ``chat``: non-streaming ``POST /v1/chat/completions``;
-- ``stream``: streaming chat with ``--stream-tokens`` tokens (time to first byte and full stream);
-- ``models``: ``GET /v1/models`` (served by the gateway itself: its bare per-request cost).
+Rate limits (issue 7): `--targets gateway,gateway-memlimits,gateway-redislimits` adds gateways whose
+key has limits that never refuse (in memory; in a redis-server the benchmark starts), and prints their
+CPU per request and req/s as ratios to the gateway without limits, per round and overall
+(`make bench-ratelimit`).
 
-Every response is checked (status, complete body, the public model name in every gateway chunk),
-and before the load a slow stream (a pause between tokens) checks that the gateway relays
-incrementally. Results: a table on stdout and ``var/bench/results-<timestamp>.json``.
-``--profile`` adds a py-spy profile of the gateway under non-streaming load.
+Every response is checked (status, complete body, the model name, SSE event count); a slow stream
+first checks that every proxy relays incrementally. Prints the rows per case and then the gateway's
+cost as ratios to direct, nginx and the floor; writes `var/bench/results-<timestamp>.json`.
+`--profile` adds a py-spy profile of the gateway. See loadtest/README.md.
 
-The load generator is a small HTTP/1.1 client on asyncio (uvloop + httptools: the parser uvicorn
-uses), one keep-alive connection per concurrent worker, so that it costs less CPU than the servers
-it measures; its own CPU per request is reported next to theirs.
-
-    .venv/bin/python loadtest/bench_proxy.py --quick
-    .venv/bin/python loadtest/bench_proxy.py --requests 3000 --concurrency 16 64 --profile
+    .venv/bin/python loadtest/bench_proxy.py            # make bench: about 2 minutes
+    .venv/bin/python loadtest/bench_proxy.py --quick    # under a minute
+    .venv/bin/python loadtest/bench_proxy.py --cases B --targets gateway,gateway-memlimits,gateway-redislimits
 """
 
 from __future__ import annotations
@@ -27,843 +27,246 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import datetime as dt
 import json
 import os
-import platform
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import sysconfig
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import httptools
+if __package__ in (None, ""):  # run as a script: make `loadtest.bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadtest.bench import targets as tg
+from loadtest.bench.loadgen import Raw, RunResult, run_load, verify_stream
+from loadtest.bench.profiling import find_py_spy, profile_gateway
+from loadtest.bench.report import (
+    HEADER,
+    _finite,
+    case_summary,
+    git_rev,
+    limits_summary,
+    machine_info,
+    print_limits_summary,
+    print_profile,
+    print_rows,
+    print_summary,
+)
+from loadtest.bench.scenarios import (
+    CASES,
+    CLIENT_KEY,
+    PUBLIC_MODEL,
+    SERVED_MODEL,
+    STUB_KEY,
+    Target,
+    make_scenario,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-STUB_SCRIPT = ROOT / "loadtest" / "upstream_stub.py"
 RESULTS_DIR = ROOT / "var" / "bench"
+ALL_TARGETS = ("direct", "nginx", "floor", "gateway", "gateway-log", "gateway-memlimits", "gateway-redislimits")
+LIMIT_TARGETS = ("gateway-memlimits", "gateway-redislimits")  # issue 7: compared with "gateway"
+DEFAULT_TARGETS = ("direct", "nginx", "floor", "gateway")
 
-PUBLIC_MODEL = "bench-model"
-SERVED_MODEL = "tiny"
-STUB_KEY = "sk-stub-bench-0123456789"
-CLIENT_KEY = "sk-bench-client-0123456789"
-HOST = "127.0.0.1"
-SCENARIOS = ("chat", "stream", "models")
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-perf = time.perf_counter
-
-
-# ----------------------------------------------------------------------------------------------
-# Load generator: one HTTP/1.1 keep-alive connection per worker, parsed with httptools.
-# ----------------------------------------------------------------------------------------------
-class HttpConn(asyncio.Protocol):
-    """One client connection; ``exchange`` sends a prepared request and waits for the whole response."""
-
-    def __init__(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.waiter: asyncio.Future[None] | None = None
-        self.parts: list[bytes] = []
-        self.first = 0.0  # perf_counter() at the first body bytes
-        self.done = 0.0
-        self.times: list[float] | None = None  # arrival time of every body piece, when asked for
-        self.content_type = b""
-        self.usable = False
-
-    @classmethod
-    async def open(cls, port: int) -> HttpConn:
-        loop = asyncio.get_running_loop()
-        _transport, conn = await loop.create_connection(cls, HOST, port)
-        return conn
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.usable = True
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(exc)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.usable = False
-        self._fail(exc or ConnectionResetError("the server closed the connection"))
-
-    # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"content-type":
-            self.content_type = value
-
-    def on_body(self, body: bytes) -> None:
-        now = perf()
-        if not self.parts:
-            self.first = now
-        self.parts.append(body)
-        if self.times is not None:
-            self.times.append(now)
-
-    def on_message_complete(self) -> None:
-        self.done = perf()
-        if not self.parser.should_keep_alive():
-            self.usable = False
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _fail(self, exc: BaseException) -> None:
-        self.usable = False
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_exception(exc)
-        if self.transport is not None:
-            self.transport.close()
-
-    async def exchange(self, request: bytes, record_times: bool = False) -> tuple[int, bytes]:
-        assert self.transport is not None and self.usable
-        self.parts = []
-        self.first = 0.0
-        self.content_type = b""
-        self.times = [] if record_times else None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
-        return self.parser.get_status_code(), b"".join(self.parts)
-
-    def close(self) -> None:
-        self.usable = False
-        if self.transport is not None:
-            self.transport.close()
-
-
-def http_request(method: str, path: str, port: int, key: str | None, body: bytes | None = None,
-                 extra: Sequence[tuple[str, str]] = ()) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}:{port}", "User-Agent: bench-proxy"]
-    if key is not None:
-        lines.append(f"Authorization: Bearer {key}")
-    if body is not None:
-        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    lines += [f"{k}: {v}" for k, v in extra]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
-
-
-# ----------------------------------------------------------------------------------------------
-# Targets, scenarios and response checks
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Target:
-    name: str  # "direct" or "gateway"
-    port: int
-    key: str
-    model: str  # the model name this target expects and answers with
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    request: bytes
-    stream: bool
-    marker: bytes  # must be in the body (once per JSON event when streaming)
-    forbidden: bytes | None  # must not be in the body (the served name, through the gateway)
-    events: int  # SSE events expected, [DONE] included (0: not a stream)
-
-
-def _chat_body(model: str, stream: bool, tokens: int) -> bytes:
-    body: dict[str, Any] = {
-        "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": tokens,
-        "temperature": 0,
-    }
-    if stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return json.dumps(body, separators=(",", ":")).encode()
-
-
-def make_scenario(name: str, t: Target, tokens: int, delay_ms: float) -> Scenario:
-    marker = b'"model":' + json.dumps(t.model).encode()
-    forbidden = b'"model":' + json.dumps(SERVED_MODEL).encode() if t.model != SERVED_MODEL else None
-    if name == "chat":
-        req = http_request("POST", "/v1/chat/completions", t.port, t.key, _chat_body(t.model, False, 16))
-        return Scenario(name, req, False, marker, forbidden, 0)
-    if name == "stream":
-        extra = [("x-stub-token-delay-ms", f"{delay_ms:g}")]
-        req = http_request("POST", "/v1/chat/completions", t.port, t.key, _chat_body(t.model, True, tokens), extra)
-        # role delta + one event per token + usage chunk + [DONE]
-        return Scenario(name, req, True, marker, forbidden, tokens + 3)
-    if name == "models":
-        # The gateway lists public IDs ("id":"bench-model"), the stub its served name.
-        req = http_request("GET", "/v1/models", t.port, t.key)
-        return Scenario(name, req, False, b'"id":' + json.dumps(t.model).encode(), None, 0)
-    raise ValueError(f"unknown scenario {name!r}")
-
-
-def check_response(sc: Scenario, status: int, body: bytes) -> str | None:
-    """Why this response is wrong, or None."""
-    if status != 200:
-        return f"status {status}: {body[:200]!r}"
-    if not sc.stream:
-        if sc.marker not in body:
-            return f"{sc.marker.decode()} missing from the body: {body[:200]!r}"
-        return None
-    if not body.endswith(b"data: [DONE]\n\n"):
-        return f"the stream does not end with data: [DONE]: {body[-200:]!r}"
-    events = body.count(b"data: ")
-    if events != sc.events:
-        return f"{events} SSE events, expected {sc.events}"
-    if body.count(sc.marker) != sc.events - 1:
-        return f"{body.count(sc.marker)} of {sc.events - 1} chunks carry {sc.marker.decode()}"
-    if sc.forbidden is not None and sc.forbidden in body:
-        return f"a chunk still carries the served name {sc.forbidden.decode()}"
-    return None
-
-
-# ----------------------------------------------------------------------------------------------
-# Running a load
-# ----------------------------------------------------------------------------------------------
-def cpu_seconds(pid: int | None) -> float | None:
-    """user+system CPU time of a process (Linux /proc), or None."""
-    if pid is None:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def upstream_connections(pid: int, port: int) -> int | None:
-    """Established TCP connections from process ``pid`` to 127.0.0.1:``port`` (Linux /proc), or None."""
-    try:
-        inodes = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    except OSError:
-        return None
-    want = f":{port:04X}"
-    n = 0
-    for line in lines:
-        f = line.split()
-        # f[2]: remote address:port (hex), f[3]: state (01 = ESTABLISHED), f[9]: inode
-        if len(f) > 9 and f[2].endswith(want) and f[3] == "01" and f[9] in inodes:
-            n += 1
-    return n
-
-
-@dataclass
-class Raw:
-    """Measurements of one or more runs of the same cell against the same target."""
-
-    latencies: list[float] = field(default_factory=list)
-    ttfbs: list[float] = field(default_factory=list)
-    ok: int = 0
-    errors: int = 0
-    elapsed: float = 0.0
-    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds
-    first_error: str | None = None
-
-    def merge(self, other: Raw) -> None:
-        self.latencies += other.latencies
-        self.ttfbs += other.ttfbs
-        self.ok += other.ok
-        self.errors += other.errors
-        self.elapsed += other.elapsed
-        for k, v in other.cpu.items():
-            self.cpu[k] = self.cpu.get(k, 0.0) + v
-        self.first_error = self.first_error or other.first_error
-
-
-async def run_load(sc: Scenario, port: int, requests: int, concurrency: int, pids: dict[str, int],
-                   timeout_s: float, stop_at: float | None = None) -> Raw:
-    """``requests`` requests (or until ``stop_at``) from ``concurrency`` workers on their own connections."""
-    raw = Raw()
-    remaining = requests
-    conns = [await HttpConn.open(port) for _ in range(concurrency)]
-
-    async def worker(conn: HttpConn | None) -> None:
-        nonlocal remaining
-        while remaining > 0 and (stop_at is None or perf() < stop_at):
-            remaining -= 1
-            try:
-                if conn is None or not conn.usable:
-                    conn = await HttpConn.open(port)
-                started = perf()
-                async with asyncio.timeout(timeout_s):
-                    status, body = await conn.exchange(sc.request)
-            except (OSError, TimeoutError, httptools.HttpParserError) as exc:
-                raw.errors += 1
-                raw.first_error = raw.first_error or f"{type(exc).__name__}: {exc}"
-                if conn is not None:
-                    conn.close()
-                conn = None
-                continue
-            problem = check_response(sc, status, body)
-            if problem is not None:
-                raw.errors += 1
-                raw.first_error = raw.first_error or problem
-                continue
-            raw.ok += 1
-            raw.latencies.append(conn.done - started)
-            if sc.stream:
-                raw.ttfbs.append(conn.first - started)
-        if conn is not None:
-            conn.close()
-
-    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    client0 = time.process_time()
-    t0 = perf()
-    await asyncio.gather(*(worker(c) for c in conns))
-    raw.elapsed = perf() - t0
-    raw.cpu["client"] = time.process_time() - client0
-    for name, pid in pids.items():
-        before, after = cpu0[name], cpu_seconds(pid)
-        if before is not None and after is not None:
-            raw.cpu[name] = after - before
-    return raw
-
-
-def pct(xs: list[float], q: float) -> float:
-    """Percentile (linear interpolation) of an already sorted list, in ms."""
-    if not xs:
-        return float("nan")
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)) * 1000.0
-
-
-@dataclass
-class RunResult:
-    scenario: str
-    target: str
-    concurrency: int
-    requests: int
-    errors: int
-    elapsed_s: float
-    rps: float
-    latency_ms: dict[str, float]
-    ttfb_ms: dict[str, float] | None
-    cpu_ms_per_req: dict[str, float]
-    first_error: str | None
-    upstream_conns: int | None = None  # gateway -> stub connections held after the run
-
-    @classmethod
-    def of(cls, scenario: str, target: str, concurrency: int, raw: Raw) -> RunResult:
-        lat = sorted(raw.latencies)
-        ttfb = sorted(raw.ttfbs)
-        n = raw.ok + raw.errors
-        return cls(
-            scenario, target, concurrency, n, raw.errors, round(raw.elapsed, 3),
-            round(raw.ok / raw.elapsed, 1) if raw.elapsed > 0 else 0.0,
-            {"p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p99": pct(lat, 0.99),
-             "mean": sum(lat) / len(lat) * 1000.0 if lat else float("nan"), "max": pct(lat, 1.0)},
-            {"p50": pct(ttfb, 0.5), "p95": pct(ttfb, 0.95), "p99": pct(ttfb, 0.99)} if ttfb else None,
-            {k: v * 1000.0 / n for k, v in raw.cpu.items()} if n else {},
-            raw.first_error,
-        )
-
-
-# ----------------------------------------------------------------------------------------------
-# Incremental streaming check
-# ----------------------------------------------------------------------------------------------
-async def verify_stream(t: Target, tokens: int, delay_ms: float, timeout_s: float) -> dict[str, Any]:
-    """One slow stream: events must arrive spread over the generation, not all at the end."""
-    sc = make_scenario("stream", t, tokens, delay_ms)
-    conn = await HttpConn.open(t.port)
-    try:
-        started = perf()
-        async with asyncio.timeout(timeout_s):
-            status, body = await conn.exchange(sc.request, record_times=True)
-        times = conn.times or []
-        ctype = conn.content_type.decode("latin-1")
-    finally:
-        conn.close()
-    problem = check_response(sc, status, body)
-    first = (times[0] - started) * 1000.0 if times else float("nan")
-    last = (times[-1] - started) * 1000.0 if times else float("nan")
-    generation = (tokens - 1) * delay_ms  # time between the first and the last token, upstream side
-    if problem is None and not ctype.startswith("text/event-stream"):
-        problem = f"content-type {ctype!r}"
-    if problem is None and len(times) < tokens // 2:
-        problem = f"the body came in {len(times)} pieces for {tokens} tokens (buffered?)"
-    if problem is None and last - first < 0.5 * generation:
-        problem = f"events spread over {last - first:.0f} ms for a {generation:.0f} ms generation (buffered?)"
-    return {"target": t.name, "tokens": tokens, "token_delay_ms": delay_ms, "pieces": len(times),
-            "first_piece_ms": round(first, 2), "last_piece_ms": round(last, 2),
-            "content_type": ctype, "ok": problem is None, "problem": problem}
-
-
-# ----------------------------------------------------------------------------------------------
-# Processes
-# ----------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:
-    """In the child (Linux): get SIGTERM when the benchmark dies, even by SIGKILL."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Procs:
-    """Child processes, stopped (TERM, then KILL) in reverse order by ``stop_all``."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = (self.logdir / f"{name}.log").open("wb")
-        try:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-        finally:
-            log.close()
-        self.procs.append((name, proc))
-        return proc
-
-    def log_tail(self, name: str, lines: int = 30) -> str:
-        try:
-            text = (self.logdir / f"{name}.log").read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop_all(self) -> None:
-        for _name, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _name, proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.procs.clear()
-
-
-def gateway_config(stub_port: int) -> dict[str, Any]:
-    return {
-        "models": [{
-            "id": PUBLIC_MODEL,
-            "upstreams": [{"name": "stub", "url": f"http://{HOST}:{stub_port}", "model": SERVED_MODEL,
-                           "api_key": STUB_KEY}],
-        }],
-        "keys": [{"name": "bench", "key": CLIENT_KEY}],
-        "health": {"interval_s": 30},
-    }
-
-
-def gateway_cmd() -> list[str]:
-    script = Path(sys.executable).parent / "gateway"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
-
-
-def gateway_env(redis_url: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update({"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_ACCESS_LOG": "false", "GATEWAY_LOG_FORMAT": "text",
-                "GATEWAY_GRACEFUL_SHUTDOWN_S": "2"})
-    if redis_url:
-        env["GATEWAY_REDIS_URL"] = redis_url
-    return env
-
-
-async def wait_ready(name: str, proc: subprocess.Popen[bytes], port: int, requests: list[bytes],
-                     procs: Procs, timeout_s: float = 60.0) -> float:
-    """Poll until every request answers 200 (in order); fail early if the process exits."""
-    t0 = perf()
-    deadline = t0 + timeout_s
-    pending = list(requests)
-    last = "no answer yet"
-    while pending:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{procs.log_tail(name)}")
-        if perf() > deadline:
-            raise RuntimeError(f"{name} not ready after {timeout_s:g}s ({last}):\n{procs.log_tail(name)}")
-        try:
-            conn = await HttpConn.open(port)
-            try:
-                async with asyncio.timeout(5):
-                    status, body = await conn.exchange(pending[0])
-            finally:
-                conn.close()
-            if status == 200:
-                pending.pop(0)
-                continue
-            last = f"status {status}: {body[:200]!r}"
-        except (OSError, TimeoutError, httptools.HttpParserError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        await asyncio.sleep(0.05)  # poll interval
-    return perf() - t0
-
-
-# ----------------------------------------------------------------------------------------------
-# Profiling with py-spy
-# ----------------------------------------------------------------------------------------------
-def find_py_spy() -> str | None:
-    local = Path(sys.executable).parent / "py-spy"
-    return str(local) if local.exists() else shutil.which("py-spy")
-
-
-def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
-    """Top costs from py-spy's raw (collapsed stacks) output; each sample is one frame stack.
-
-    - ``gateway_self``: each sample charged to its innermost gateway frame, so the library work a
-      gateway function asks for is billed to that function;
-    - ``gateway_calls``: the same, split by the library function the gateway frame called;
-    - ``library_inclusive``: frames below the innermost gateway frame (what those calls cost inside
-      httpx, uvicorn, ...), counted once per sample;
-    - ``gateway_inclusive``: gateway frames anywhere on the stack;
-    - ``self``: the innermost frame of any code.
-    """
-    total = 0
-    own: dict[str, int] = {}
-    gw_self: dict[str, int] = {}
-    gw_calls: dict[str, int] = {}
-    lib_incl: dict[str, int] = {}
-    gw_incl: dict[str, int] = {}
-    # Shorter names: gateway/..., httpx/..., <stdlib>/asyncio/...
-    prefixes = [(sysconfig.get_paths()["purelib"] + "/", ""), (sysconfig.get_paths()["stdlib"] + "/", "<stdlib>/"),
-                (str(ROOT) + "/", "")]
-
-    def short(frame: str) -> str:
-        for old, new in prefixes:
-            frame = frame.replace(old, new)
-        return frame
-
-    def add(d: dict[str, int], k: str, n: int) -> None:
-        d[k] = d.get(k, 0) + n
-
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count_s = line.rpartition(" ")
-        if not stack or not count_s.isdigit():
-            continue
-        count = int(count_s)
-        total += count
-        frames = [short(f) for f in stack.split(";")]
-        frames = [f for f in frames if not f.startswith(("process ", "thread "))]
-        if not frames:
-            continue
-        add(own, frames[-1], count)
-        gw_at = [i for i, f in enumerate(frames) if "(gateway/" in f]
-        for f in dict.fromkeys(frames[i] for i in gw_at):
-            add(gw_incl, f, count)
-        if not gw_at:
-            continue
-        inner = gw_at[-1]
-        add(gw_self, frames[inner], count)
-        callee = frames[inner + 1] if inner + 1 < len(frames) else "(own code)"
-        add(gw_calls, f"{frames[inner]} -> {callee}", count)
-        for f in dict.fromkeys(frames[inner + 1:]):
-            add(lib_incl, f, count)
-
-    def ranked(d: dict[str, int], n: int = top) -> list[dict[str, Any]]:
-        items = sorted(d.items(), key=lambda kv: -kv[1])[:n]
-        return [{"frame": k, "samples": v, "pct": round(100.0 * v / total, 1) if total else 0.0} for k, v in items]
-
-    return {"samples": total, "gateway_self": ranked(gw_self), "gateway_calls": ranked(gw_calls),
-            "library_inclusive": ranked(lib_incl, 2 * top), "gateway_inclusive": ranked(gw_incl),
-            "self": ranked(own)}
-
-
-async def profile_gateway(py_spy: str, gw_pid: int, sc: Scenario, port: int, concurrency: int, seconds: float,
-                          out: Path, timeout_s: float) -> tuple[Raw, dict[str, Any]]:
-    cmd = [py_spy, "record", "--pid", str(gw_pid), "--rate", "100", "--format", "raw", "--function",
-           "--full-filenames", "--output", str(out)]
-    # py-spy reports on stdout; stderr is merged so that neither pipe can fill up.
-    spy = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert spy.stdout is not None
-    said = b""
-    try:
-        async with asyncio.timeout(30):  # until py-spy says it is sampling
-            while b"Sampling" not in (line := await spy.stdout.readline()):
-                said += line
-                if not line:
-                    raise RuntimeError(f"py-spy exited with {await spy.wait()}: {said.decode(errors='replace')}")
-        raw = await run_load(sc, port, 10**9, concurrency, {"gateway": gw_pid}, timeout_s,
-                             stop_at=perf() + seconds)
-        spy.send_signal(signal.SIGINT)
-        async with asyncio.timeout(30):
-            said += await spy.stdout.read()
-            await spy.wait()
-    finally:
-        if spy.returncode is None:
-            spy.kill()
-            await spy.wait()
-    try:
-        return raw, summarize_profile(out)
-    except OSError:
-        raise RuntimeError(f"py-spy wrote no profile: {said.decode(errors='replace')[-500:]}") from None
-
-
-# ----------------------------------------------------------------------------------------------
-# The benchmark
-# ----------------------------------------------------------------------------------------------
 @dataclass
 class Options:
-    requests: int
-    concurrency: list[int]
-    stream_tokens: int
-    token_delay_ms: float
+    cases: list[str]
+    targets: list[str]
+    scale: float
     rounds: int
-    scenarios: list[str]
     timeout_s: float
+    pin: bool
+    install_nginx: bool
     verify_tokens: int
     verify_delay_ms: float
     profile: bool
     profile_seconds: float
     profile_scenario: str
+    profile_target: str
     redis_url: str | None
     quick: bool
     write_json: bool
 
 
-def summary_of(direct: RunResult, gw: RunResult) -> dict[str, Any]:
-    s: dict[str, Any] = {
-        "scenario": direct.scenario, "concurrency": direct.concurrency,
-        "overhead_p50_ms": round(gw.latency_ms["p50"] - direct.latency_ms["p50"], 3),
-        "overhead_p95_ms": round(gw.latency_ms["p95"] - direct.latency_ms["p95"], 3),
-        "throughput_ratio": round(gw.rps / direct.rps, 3) if direct.rps else None,
-        "gateway_cpu_ms_per_req": round(gw.cpu_ms_per_req.get("gateway", float("nan")), 3),
-        "gateway_upstream_conns": gw.upstream_conns,
-    }
-    if direct.ttfb_ms and gw.ttfb_ms:
-        s["ttfb_overhead_p50_ms"] = round(gw.ttfb_ms["p50"] - direct.ttfb_ms["p50"], 3)
-    return s
+Found = list[tuple[Target, list[int]]]  # a target and the processes whose CPU counts
 
 
-async def bench(opts: Options, procs: Procs, stub: subprocess.Popen[bytes], stub_port: int,
-                gw: subprocess.Popen[bytes], gw_port: int, stamp: str) -> dict[str, Any]:
-    direct = Target("direct", stub_port, STUB_KEY, SERVED_MODEL)
-    gateway = Target("gateway", gw_port, CLIENT_KEY, PUBLIC_MODEL)
-    pids = {"stub": stub.pid, "gateway": gw.pid}
+async def start_targets(opts: Options, procs: tg.Procs, pin: tg.Pinning, tmp: Path,
+                        out: dict[str, Any]) -> tuple[tg.Started, tg.Started | None, Found]:  # fmt: skip
+    stub = tg.start_stub(procs, pin)
+    redis: tg.Started | None = None
+    if "gateway-redislimits" in opts.targets:
+        redis = await tg.start_redis(procs, pin, tmp)
+        print(f"ready: redis-server :{redis.port}", flush=True)
+    await tg.wait_ready("stub", stub.proc, stub.port, tg.ready_requests("stub", stub.port), procs)
+    found: Found = []
+    for name in opts.targets:
+        if name == "direct":
+            found.append((Target("direct", stub.port, STUB_KEY, SERVED_MODEL, SERVED_MODEL), []))
+            continue
+        if name == "nginx":
+            binary, why = tg.find_nginx(opts.install_nginx)
+            if binary is None:
+                print(f"nginx: skipped ({why})", flush=True)
+                out["skipped"] = {"nginx": why}
+                continue
+            s = tg.start_nginx(procs, pin, binary, stub.port, tmp)
+            target = Target("nginx", s.port, STUB_KEY, SERVED_MODEL, SERVED_MODEL)
+        elif name == "floor":
+            s = tg.start_floor(procs, pin, stub.port)
+            target = Target("floor", s.port, CLIENT_KEY, PUBLIC_MODEL, SERVED_MODEL)
+        elif name in LIMIT_TARGETS:
+            url = f"redis://{tg.HOST}:{redis.port}/0" if redis is not None and name == "gateway-redislimits" else None
+            s = tg.start_gateway(procs, pin, stub.port, tmp, url, access_log=False, name=name, limits=True)
+            target = Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, PUBLIC_MODEL)
+        else:
+            s = tg.start_gateway(procs, pin, stub.port, tmp, opts.redis_url, access_log=name == "gateway-log",
+                                 name=name)
+            target = Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, PUBLIC_MODEL)
+        took = await tg.wait_ready(name, s.proc, s.port, tg.ready_requests(name if name != "gateway-log"
+                                                                           else "gateway", s.port), procs)
+        pids = tg.child_pids(s.proc.pid) if name == "nginx" else s.pids  # nginx: the worker does the work
+        print(f"ready: {name} :{s.port} ({took:.2f} s)", flush=True)
+        found.append((target, pids or s.pids))
+    return stub, redis, found
+
+
+async def bench(opts: Options, procs: tg.Procs, tmp: Path, stamp: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    pin = tg.plan_pinning(opts.pin)
+    if pin.load:
+        os.sched_setaffinity(0, pin.load)  # the load generator
+    out["pinning"] = {"proxies": sorted(pin.proxies or ()), "load": sorted(pin.load or ())}
+    stub, redis, targets = await start_targets(opts, procs, pin, tmp, out)
 
-    stub_ready = await wait_ready("stub", stub, stub_port, [
-        http_request("GET", "/health", stub_port, None),
-        http_request("GET", "/v1/models", stub_port, STUB_KEY),
-    ], procs)
-    gw_ready = await wait_ready("gateway", gw, gw_port, [
-        http_request("GET", "/health", gw_port, None),
-        make_scenario("chat", gateway, 4, 0).request,  # the model mapping works end to end
-    ], procs)
-    out["startup_s"] = {"stub": round(stub_ready, 3), "gateway": round(gw_ready, 3)}
-    print(f"ready: stub :{stub_port} ({stub_ready:.2f}s), gateway :{gw_port} ({gw_ready:.2f}s)", flush=True)
-
-    verify = [await verify_stream(t, opts.verify_tokens, opts.verify_delay_ms, opts.timeout_s)
-              for t in (direct, gateway)]
-    out["stream_check"] = verify
-    for v in verify:
+    checks = [await verify_stream(t, opts.verify_tokens, opts.verify_delay_ms, opts.timeout_s) for t, _ in targets]
+    out["stream_check"] = checks
+    for v in checks:
         state = "ok" if v["ok"] else f"FAILED: {v['problem']}"
         print(f"incremental stream via {v['target']}: {v['pieces']} pieces, first {v['first_piece_ms']:.1f} ms, "
-              f"last {v['last_piece_ms']:.1f} ms ({v['tokens']} tokens x {v['token_delay_ms']:g} ms): {state}",
-              flush=True)
+              f"last {v['last_piece_ms']:.1f} ms: {state}", flush=True)
 
     runs: list[RunResult] = []
     summary: list[dict[str, Any]] = []
-    per_round = max(1, opts.requests // opts.rounds)
-    for name in opts.scenarios:
-        scs = {t.name: make_scenario(name, t, opts.stream_tokens, opts.token_delay_ms) for t in (direct, gateway)}
-        for conc in opts.concurrency:
-            warm = max(2 * conc, 50)
-            for t in (direct, gateway):
-                await run_load(scs[t.name], t.port, warm, conc, {}, opts.timeout_s)
-            acc = {"direct": Raw(), "gateway": Raw()}
-            for _ in range(opts.rounds):  # alternate so that noise hits both targets alike
-                for t in (direct, gateway):
-                    acc[t.name].merge(await run_load(scs[t.name], t.port, per_round, conc, pids, opts.timeout_s))
-            d = RunResult.of(name, "direct", conc, acc["direct"])
-            g = RunResult.of(name, "gateway", conc, acc["gateway"])
-            g.upstream_conns = upstream_connections(gw.pid, stub_port)
-            runs += [d, g]
-            summary.append(summary_of(d, g))
-            print_rows([d, g], summary[-1])
+    print(f"\n{HEADER}", flush=True)
+    for name in opts.cases:
+        case = CASES[name]
+        per_round = max(case.concurrency, int(case.requests * opts.scale))
+        scs = {t.name: make_scenario(case.scenario, t, case.tokens, case.delay_ms) for t, _ in targets}
+        for t, _ in targets:  # warm-up: connections, pools, caches
+            await run_load(scs[t.name], t.port, max(2 * case.concurrency, 50), case.concurrency, {}, opts.timeout_s)
+        acc = {t.name: Raw() for t, _ in targets}
+        rounds: dict[str, list[RunResult]] = {t.name: [] for t, _ in targets}
+        for _ in range(opts.rounds):  # alternate so that noise hits every target alike
+            for t, pids in targets:
+                cpu_of = {"stub": stub.pids, **({"proxy": pids} if pids else {}),
+                          **({"redis": redis.pids} if redis is not None else {})}
+                one = await run_load(scs[t.name], t.port, per_round, case.concurrency, cpu_of, opts.timeout_s)
+                rounds[t.name].append(RunResult.of(case.name, t.name, case.concurrency, one))
+                acc[t.name].merge(one)
+        rows = [RunResult.of(case.name, t.name, case.concurrency, acc[t.name]) for t, _ in targets]
+        runs += rows
+        print_rows(case, rows)
+        summary += case_summary(case, rows)
+        if case.metric == "rps" and "gateway" in rounds and any(n in rounds for n in LIMIT_TARGETS):
+            lines = limits_summary(case.name, rows, rounds)
+            for line in lines:  # requests served unlimited (fail_open) did not pay for the limits
+                port = next(t.port for t, _ in targets if t.name == line["target"])
+                line["limiter_failures_total"] = await tg.metric_value(port, "gateway_rate_limiter_errors_total")
+            out.setdefault("ratelimit", []).extend(lines)
+            print_limits_summary(lines)
     out["runs"] = [asdict(r) for r in runs]
     out["summary"] = summary
+    print_summary(summary, [t.name for t, _ in targets])
 
-    if opts.profile:
-        py_spy = find_py_spy()
-        if py_spy is None:
-            print("--profile: py-spy not found; install it with `.venv/bin/pip install py-spy`", flush=True)
-            out["profile"] = {"error": "py-spy not found"}
-        else:
-            conc = max(opts.concurrency)
-            path = RESULTS_DIR / f"profile-{stamp}.txt"
-            name = opts.profile_scenario
-            print(f"profiling the gateway (py-spy, {opts.profile_seconds:g}s of {name} load at "
-                  f"concurrency {conc}) ...", flush=True)
-            sc = make_scenario(name, gateway, opts.stream_tokens, opts.token_delay_ms)
-            try:
-                raw, prof = await profile_gateway(py_spy, gw.pid, sc, gw_port, conc, opts.profile_seconds, path,
-                                                  opts.timeout_s)
-            except (RuntimeError, OSError, TimeoutError) as exc:
-                print(f"profiling failed: {type(exc).__name__}: {exc}", flush=True)
-                out["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
-            else:
-                r = RunResult.of(name, "gateway+py-spy", conc, raw)
-                out["profile"] = {"file": str(path.relative_to(ROOT)), "run": asdict(r), **prof}
-                print_profile(out["profile"])
+    gateway = next(((t, p) for t, p in targets if t.name == opts.profile_target), None)
+    if opts.profile and gateway is not None:
+        out["profile"] = await _profile(opts, gateway[0], gateway[1][0], stamp)
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Output
-# ----------------------------------------------------------------------------------------------
-HEADER = (f"{'scenario':<8} {'conc':>4} {'target':<8} {'req/s':>8} {'p50':>7} {'p95':>7} {'p99':>7} "
-          f"{'ttfb50':>7} {'ttfb95':>7} {'err':>4}  cpu ms/req client/stub/gw")
-
-
-def _f(x: float | None, w: int = 7, d: int = 2) -> str:
-    return f"{'-':>{w}}" if x is None or x != x else f"{x:>{w}.{d}f}"
-
-
-def print_rows(rows: list[RunResult], s: dict[str, Any]) -> None:
-    for r in rows:
-        cpu = "/".join(_f(r.cpu_ms_per_req.get(k), 0, 3) for k in ("client", "stub", "gateway"))
-        if r.target == "direct":
-            cpu = cpu.rsplit("/", 1)[0] + "/-"
-        print(f"{r.scenario:<8} {r.concurrency:>4} {r.target:<8} {r.rps:>8.1f} {_f(r.latency_ms['p50'])} "
-              f"{_f(r.latency_ms['p95'])} {_f(r.latency_ms['p99'])} "
-              f"{_f(r.ttfb_ms['p50'] if r.ttfb_ms else None)} {_f(r.ttfb_ms['p95'] if r.ttfb_ms else None)} "
-              f"{r.errors:>4}  {cpu}", flush=True)
-        if r.first_error:
-            print(f"    first error: {r.first_error}", flush=True)
-    extra = f", TTFB p50 {s['ttfb_overhead_p50_ms']:+.2f} ms" if "ttfb_overhead_p50_ms" in s else ""
-    conns = s.get("gateway_upstream_conns")
-    pool = f" (gateway holds {conns} upstream connections)" if conns is not None else ""
-    print(f"{'':<14}=> gateway overhead p50 {s['overhead_p50_ms']:+.2f} ms, p95 {s['overhead_p95_ms']:+.2f} ms"
-          f"{extra}; throughput ratio gateway/direct {s['throughput_ratio']}{pool}", flush=True)
-
-
-def print_profile(p: dict[str, Any]) -> None:
-    r = p["run"]
-    print(f"\nprofile: {p['samples']} samples -> {p['file']} ({r['scenario']} load under py-spy: {r['rps']} req/s, "
-          f"p50 {r['latency_ms']['p50']:.2f} ms, gateway CPU {r['cpu_ms_per_req'].get('gateway', 0):.3f} ms/req)")
-    for key, title, n in (
-        ("gateway_self", "cost charged to the innermost gateway frame (incl. the library calls it makes)", 12),
-        ("gateway_calls", "... split by the library function it called", 12),
-        ("library_inclusive", "library frames below the innermost gateway frame, inclusive", 20),
-        ("self", "innermost frame (any code)", 12),
-    ):
-        print(f"  {title}:")
-        for row in p[key][:n]:
-            print(f"    {row['pct']:5.1f}%  {row['frame']}")
-
-
-def _finite(x: Any) -> Any:
-    """NaN (no samples) as null, so that the file is strict JSON."""
-    if isinstance(x, float) and x != x:
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
-            "python": platform.python_version(), "loadavg_at_start": load}
-
-
-def git_rev() -> str | None:
+async def _profile(opts: Options, gateway: Target, pid: int, stamp: str) -> dict[str, Any]:
+    py_spy = find_py_spy()
+    if py_spy is None:
+        print("--profile: py-spy not found; `make install` installs it (dev extra)", flush=True)
+        return {"error": "py-spy not found"}
+    conc = 64
+    path = RESULTS_DIR / f"profile-{stamp}.txt"
+    name = opts.profile_scenario
+    print(f"\nprofiling the gateway (py-spy, {opts.profile_seconds:g} s of {name} load at concurrency {conc}) ...",
+          flush=True)
+    sc = make_scenario(name, gateway, 32 if name == "stream" else 16, 0.0)
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "gateway"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{rev}{'+dirty' if dirty else ''}" if rev else None
+        raw, prof = await profile_gateway(py_spy, pid, sc, gateway.port, conc, opts.profile_seconds, path,
+                                          opts.timeout_s)
+    except (RuntimeError, OSError, TimeoutError) as exc:
+        print(f"profiling failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    r = RunResult.of(name, "gateway+py-spy", conc, raw)
+    result = {"file": str(path.relative_to(ROOT)), "run": asdict(r), **prof}
+    print_profile(result)
+    return result
 
 
-# ----------------------------------------------------------------------------------------------
-# CLI
-# ----------------------------------------------------------------------------------------------
-def _ints(values: Sequence[str]) -> list[int]:
-    out = [int(p) for v in values for p in v.split(",") if p.strip()]
-    if not out or any(c < 1 for c in out):
-        raise argparse.ArgumentTypeError("concurrency values must be positive integers")
-    return out
+def _list(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in items if s not in allowed]
+    if unknown or not items:
+        raise SystemExit(f"unknown {what} {unknown}; choose from {', '.join(allowed)}")
+    return items
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Gateway overhead vs. a direct connection to a vLLM-like stub.")
-    p.add_argument("--requests", type=int, help="requests per scenario, concurrency and target (default 3000; "
-                                                 "quick: 1000)")
-    p.add_argument("--concurrency", nargs="+", help="concurrency levels, e.g. 16 64 or 16,64 (default 16 64; "
-                                                     "quick: 16)")
-    p.add_argument("--stream-tokens", type=int, help="tokens per streamed completion (default 32; quick: 16)")
-    p.add_argument("--token-delay-ms", type=float, default=0.0, help="stub pause between streamed tokens "
-                                                                     "during the load (default 0)")
-    p.add_argument("--rounds", type=int, help="alternating direct/gateway rounds per cell (default 2; quick: 1)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    p = argparse.ArgumentParser(description="The gateway's cost against direct, nginx and a minimal Python relay.")
+    p.add_argument("--cases", default=",".join(CASES), help="comma list of A,B,C,D (default all)")
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                   help=f"comma list of {', '.join(ALL_TARGETS)} (default {','.join(DEFAULT_TARGETS)}; "
+                   "gateway-log: a second gateway with its access log on)")
+    p.add_argument("--scale", type=float, help="multiply every case's request count (default 1; quick 0.25)")
+    p.add_argument("--rounds", type=int, help="alternating rounds per case (default 2; quick 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
-    p.add_argument("--profile", action="store_true", help="profile the gateway with py-spy under chat load")
-    p.add_argument("--profile-seconds", type=float, default=15.0, help="length of the profiled load (quick: 5)")
-    p.add_argument("--profile-scenario", choices=("chat", "stream"), default="chat",
-                   help="the load to profile under (default: non-streaming chat)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin proxies and load generator to CPUs")
+    p.add_argument("--no-install-nginx", action="store_true", help="skip nginx when it is not installed")
+    p.add_argument("--profile", action="store_true", help="profile the gateway with py-spy afterwards")
+    p.add_argument("--profile-seconds", type=float, default=15.0, help="length of the profiled load")
+    p.add_argument("--profile-scenario", choices=("chat", "stream"), default="chat")
+    p.add_argument("--profile-target", choices=[t for t in ALL_TARGETS if t.startswith("gateway")],
+                   default="gateway", help="the gateway to profile (default gateway)")
     p.add_argument("--redis-url", help="GATEWAY_REDIS_URL for the gateway (default: none)")
-    p.add_argument("--quick", action="store_true", help="a short run (< 30 s): 1000 requests, concurrency 16")
+    p.add_argument("--quick", action="store_true", help="a short run: a quarter of the requests, one round")
     p.add_argument("--no-json", action="store_true", help="do not write var/bench/results-*.json")
     return p
 
 
 def options_from(args: argparse.Namespace) -> Options:
     q = args.quick
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = [s for s in scenarios if s not in SCENARIOS]
-    if unknown or not scenarios:
-        raise SystemExit(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
     opts = Options(
-        requests=args.requests or (1000 if q else 3000),
-        concurrency=_ints(args.concurrency) if args.concurrency else ([16] if q else [16, 64]),
-        stream_tokens=args.stream_tokens or (16 if q else 32),
-        token_delay_ms=args.token_delay_ms,
+        cases=_list(args.cases, tuple(CASES), "cases"),
+        targets=_list(args.targets, ALL_TARGETS, "targets"),
+        scale=args.scale or (0.25 if q else 1.0),
         rounds=args.rounds or (1 if q else 2),
-        scenarios=scenarios,
         timeout_s=args.timeout,
+        pin=not args.no_pin,
+        install_nginx=not args.no_install_nginx,
         verify_tokens=8,
-        verify_delay_ms=10.0 if q else 20.0,
+        verify_delay_ms=20.0,
         profile=args.profile,
         profile_seconds=min(args.profile_seconds, 5.0) if q else args.profile_seconds,
         profile_scenario=args.profile_scenario,
+        profile_target=args.profile_target,
         redis_url=args.redis_url,
         quick=q,
         write_json=not args.no_json,
     )
-    if opts.requests < 1 or opts.stream_tokens < 1 or opts.rounds < 1:
-        raise SystemExit("--requests, --stream-tokens and --rounds must be positive")
+    if "direct" not in opts.targets:
+        opts.targets.insert(0, "direct")  # every number is relative to it
+    if opts.scale <= 0 or opts.rounds < 1:
+        raise SystemExit("--scale and --rounds must be positive")
     return opts
 
 
@@ -892,37 +295,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    print(f"bench_proxy {started:%Y-%m-%d %H:%M:%S}Z: {os.cpu_count()} CPUs, requests {opts.requests}, "
-          f"concurrency {opts.concurrency}, stream tokens {opts.stream_tokens}, token delay "
-          f"{opts.token_delay_ms:g} ms, rounds {opts.rounds}", flush=True)
-
+    print(f"bench_proxy {started:%Y-%m-%d %H:%M:%S}Z: {os.cpu_count()} CPUs, cases {','.join(opts.cases)}, "
+          f"targets {','.join(opts.targets)}, scale {opts.scale:g}, rounds {opts.rounds}, "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp, sigterm_as_interrupt():
-        procs = Procs(Path(tmp))
+        procs = tg.Procs(Path(tmp))
         try:
-            stub_port, gw_port = free_port(), free_port()
-            while gw_port == stub_port:
-                gw_port = free_port()
-            cfg = Path(tmp) / "gateway.yaml"
-            cfg.write_text(json.dumps(gateway_config(stub_port), indent=2))  # JSON is YAML
-            stub = procs.start("stub", [sys.executable, str(STUB_SCRIPT), "--port", str(stub_port),
-                                        "--api-key", STUB_KEY, "--served-name", SERVED_MODEL])
-            gw = procs.start("gateway", [*gateway_cmd(), "serve", "--config", str(cfg), "--host", HOST,
-                                         "--port", str(gw_port)], env=gateway_env(opts.redis_url))
             with _runner() as runner:
-                result = runner.run(bench(opts, procs, stub, stub_port, gw, gw_port, stamp))
-            gw_log = procs.log_tail("gateway", 20)
+                result = runner.run(bench(opts, procs, Path(tmp), stamp))
+            gw_log = "\n".join(t for n in ("gateway", *LIMIT_TARGETS) if (t := procs.log_tail(n, 20)).strip())
         except KeyboardInterrupt:
-            print("\ninterrupted; stopping the stub and the gateway", file=sys.stderr)
+            print("\ninterrupted; stopping the servers", file=sys.stderr)
             return 130
         except (RuntimeError, OSError) as exc:
             print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            if not isinstance(exc, RuntimeError):  # e.g. a server went away during the load
-                print(f"gateway log:\n{procs.log_tail('gateway')}\nstub log:\n{procs.log_tail('stub')}",
-                      file=sys.stderr)
+            for name in ("gateway", *LIMIT_TARGETS, "redis", "floor", "nginx", "stub"):
+                if tail := procs.log_tail(name, 10):
+                    print(f"{name} log:\n{tail}", file=sys.stderr)
             return 1
         finally:
             procs.stop_all()
-
     if gw_log.strip():
         print(f"\ngateway log (warnings and errors, last lines):\n{gw_log}")
     doc = {"started": started.isoformat(), "machine": machine_info(), "gateway_rev": git_rev(),

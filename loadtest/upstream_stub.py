@@ -9,8 +9,12 @@ so that a benchmark measures the gateway and not the fake backend:
   tokens (default 16); streaming, like case #10: a role delta, one content delta per token (the last
   one carries ``finish_reason``), a usage chunk when ``stream_options.include_usage`` is set, then
   ``data: [DONE]``. Each event is written as its own HTTP chunk, optionally ``--token-delay-ms``
-  apart; the request header ``x-stub-token-delay-ms`` overrides the delay for one request (it passes
-  through the gateway unchanged).
+  apart; the request header ``x-stub-token-delay-ms`` overrides the delay for one request (the bench's
+  gateway config adds it to ``forward_headers.allow``).
+- ``GET /metrics``: a vLLM 0.32 exposition as big as a real one (``--metrics-page``: a captured page,
+  default ``tests/fixtures/vllm_metrics/busy.txt``) whose ``vllm:num_requests_running`` is the
+  stub's live count of chat requests in flight (waiting and KV usage 0), for load-aware routing.
+- ``GET /stub/served``: how many chat requests it has answered (``{"chat": n}``), for benchmarks.
 - Every ``/v1`` path needs ``Authorization: Bearer <key>`` (scheme case-insensitive), else
   401 ``{"error":"Unauthorized"}``; an unknown ``model`` is vLLM's 404 ``NotFoundError``.
 
@@ -23,8 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -48,10 +54,28 @@ def _text(n: int) -> str:
     return "".join(TOKENS[i % len(TOKENS)] for i in range(n))
 
 
+DEFAULT_METRICS_PAGE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm_metrics" / "busy.txt"
+_GAUGES = re.compile(rb"^(vllm:(?:num_requests_running|num_requests_waiting|kv_cache_usage_perc)\{[^}]*\}) .*$",
+                     re.MULTILINE)
+
+
+def metrics_template(page: bytes) -> tuple[bytes, bytes]:
+    """The captured page split around its running gauge's value; waiting and KV usage set to 0."""
+    def zero(m: re.Match[bytes]) -> bytes:
+        return m.group(1) + (b" \x00" if b"num_requests_running" in m.group(1) else b" 0.0")
+
+    head, _, tail = _GAUGES.sub(zero, page).partition(b"\x00")
+    return head, tail
+
+
 class StubApp:
     """The ASGI application; all answers are built from a few pre-rendered pieces."""
 
-    def __init__(self, api_key: str | None, served_name: str, token_delay_s: float, max_model_len: int) -> None:
+    def __init__(self, api_key: str | None, served_name: str, token_delay_s: float, max_model_len: int,
+                 metrics_page: bytes = b"") -> None:
+        self.in_flight = 0
+        self.served_total = 0
+        self.metrics_head, self.metrics_tail = metrics_template(metrics_page)
         self.api_key = api_key
         self.served = served_name
         self.token_delay_s = token_delay_s
@@ -79,6 +103,13 @@ class StubApp:
         if path == "/health":
             await self._reply(send, 200, b"", [])
             return
+        if path == "/stub/served":
+            await self._reply(send, 200, orjson.dumps({"chat": self.served_total}))
+            return
+        if path == "/metrics":
+            body = self.metrics_head + f"{float(self.in_flight)!r}".encode() + self.metrics_tail
+            await self._reply(send, 200, body, [(b"content-type", b"text/plain; version=1.0.0; charset=utf-8")])
+            return
         if path.startswith("/v1") and not self._authorized(scope["headers"]):
             await self._reply(send, 401, _UNAUTHORIZED)
             return
@@ -92,7 +123,12 @@ class StubApp:
             if method != "POST":
                 await self._reply(send, 405, b'{"detail":"Method Not Allowed"}')
                 return
-            await self._chat(scope, receive, send)
+            self.in_flight += 1
+            try:
+                await self._chat(scope, receive, send)
+            finally:
+                self.in_flight -= 1
+                self.served_total += 1
             return
         await self._reply(send, 404, b'{"detail":"Not Found"}')
 
@@ -225,12 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", default="tiny", help="the model name this backend serves")
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="pause between streamed tokens")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--metrics-page", type=Path, default=DEFAULT_METRICS_PAGE,
+                   help="a captured vLLM /metrics page to serve (with live values)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    app = StubApp(args.api_key or None, args.served_name, args.token_delay_ms / 1000.0, args.max_model_len)
+    page = args.metrics_page.read_bytes() if args.metrics_page.is_file() else (
+        b"vllm:num_requests_running{engine=\"0\"} 0.0\nvllm:num_requests_waiting{engine=\"0\"} 0.0\n"
+        b"vllm:kv_cache_usage_perc{engine=\"0\"} 0.0\n")
+    app = StubApp(args.api_key or None, args.served_name, args.token_delay_ms / 1000.0, args.max_model_len, page)
     try:
         import uvloop  # noqa: F401  (only checks that it is there)
 

@@ -91,9 +91,10 @@ fi
 say "one chat completion through the gateway (openai SDK)"
 .venv/bin/python scripts/demo_client.py --base-url "http://127.0.0.1:$port/v1" --api-key "$DEMO_KEY" --model "$model"
 
-say "the gateway serves http://127.0.0.1:$port/v1 (key: \$DEMO_KEY, model: $model); Ctrl-C stops everything"
+# The key is a local demo key: print its value, a second terminal has no $DEMO_KEY.
+say "the gateway serves http://127.0.0.1:$port/v1 (key: $DEMO_KEY, model: $model); Ctrl-C stops everything"
 cat <<EOT
-  try: curl -s http://127.0.0.1:$port/v1/chat/completions -H "Authorization: Bearer \$DEMO_KEY" \\
+  try: curl -s http://127.0.0.1:$port/v1/chat/completions -H "Authorization: Bearer $DEMO_KEY" \\
          -H 'Content-Type: application/json' \\
          -d '{"model":"$model","messages":[{"role":"user","content":"hi"}],"max_tokens":16}'
 EOT

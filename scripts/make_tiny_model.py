@@ -15,6 +15,12 @@ head_dim 32 (the CPU attention backend rejects head sizes below 32 on the first 
 vocab 2048, bfloat16, max_position_embeddings 2048. The tokenizer carries a Jinja chat template so
 ``/v1/chat/completions`` works. Generated text is random.
 
+``--max-position-embeddings N`` builds the same model claiming a longer context (weights identical:
+RoPE has no learned positions), e.g. ``--max-position-embeddings 32768 var/tiny-model-long`` for
+vLLM's ``--max-model-len 32768``, which Claude Code's ~21k-token prompts need. ``--short-answers``
+makes half the vocabulary stop tokens (generation_config ``eos_token_id``), so answers end after a
+few tokens with ``end_turn``, as Claude Code expects of a turn, instead of at ``max_tokens``.
+
 ``--head-dim N`` (default 32) builds the same kind of model with another attention head size:
 4 heads of N, so hidden 4*N and intermediate 8*N (the default is exactly the shape above, byte
 for byte). ``--head-dim 16`` gives a model vLLM's CPU build loads and reports healthy, whose
@@ -155,8 +161,9 @@ def build(out_dir: Path, params: dict[str, object] = MODEL_PARAMS) -> None:
 
     # Model: random weights from a fixed seed.
     torch.manual_seed(SEED)
+    short_answers = bool(params.get("short_answers"))
     config = LlamaConfig(
-        **params,  # type: ignore[arg-type]
+        **{k: v for k, v in params.items() if k != "short_answers"},  # type: ignore[arg-type]
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
@@ -164,8 +171,14 @@ def build(out_dir: Path, params: dict[str, object] = MODEL_PARAMS) -> None:
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.eval()
+    # --short-answers: half the vocabulary also ends a generation (vLLM adds generation_config's
+    # eos_token_id list to every request's stop tokens), so answers stop after a few tokens with
+    # finish_reason "stop", like a chat model's, instead of running to max_tokens.
+    eos_ids: int | list[int] = fast.eos_token_id
+    if short_answers:
+        eos_ids = [fast.eos_token_id, *range(len(SPECIAL_TOKENS), vocab_size, 2)]
     model.generation_config = GenerationConfig(
-        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id
+        bos_token_id=fast.bos_token_id, eos_token_id=eos_ids, pad_token_id=fast.pad_token_id
     )
 
     # Write into a temporary sibling directory, then move into place: never a half-built model.
@@ -205,12 +218,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM, metavar="N",
                    help=f"attention head size (default {DEFAULT_HEAD_DIM}); {NUM_HEADS} heads, hidden "
                         f"{NUM_HEADS}*N. vLLM's CPU attention rejects 16 on the first request")
+    p.add_argument("--max-position-embeddings", type=int, default=None, metavar="N",
+                   help="context the model claims (default 2048); e.g. 32768 for a long-context twin that "
+                        "vLLM serves with --max-model-len 32768 (Claude Code's prompts are ~21k tokens)")
+    p.add_argument("--short-answers", action="store_true",
+                   help="half the vocabulary ends a generation: answers stop after a few tokens (end_turn)")
     p.add_argument("--force", action="store_true", help="rebuild even if already built")
     args = p.parse_args(argv)
     try:
         params = model_params(args.head_dim)
     except ValueError as exc:
         p.error(str(exc))
+    if args.max_position_embeddings is not None:
+        if args.max_position_embeddings < 16:
+            p.error("--max-position-embeddings must be at least 16")
+        params["max_position_embeddings"] = args.max_position_embeddings
+    if args.short_answers:
+        params["short_answers"] = True
     out_dir = Path(args.out_dir)
     if not args.force and is_built(out_dir, params):
         print(f"[make_tiny_model] already built: {out_dir} (build {build_id(params)}); --force to rebuild")

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fakes.plugin"]
+pytest_plugins = ["tests.fakes.plugin", "tests.support.redis_plugin"]

@@ -19,6 +19,11 @@ class RequestContext:
     key_name: str | None = None
     ttfb: float | None = None
     client_gone: bool = False
+    responded: bool = False  # the proxied answer's head was sent
+    client_stalled: bool = False  # cut for not reading its stream (timeouts.client_stall)
+    usage: tuple[int, int] | None = None  # (prompt, completion) tokens as the backend reported them
+    # Added to the response's headers by the middleware (the rate-limit headers of an admitted request)
+    extra_headers: list[tuple[bytes, bytes]] | None = None
 
 
 def context_of(scope: MutableMapping[str, Any]) -> RequestContext:

@@ -24,8 +24,7 @@ def error_headers(err: GatewayError, request_id: str | None) -> list[tuple[bytes
         h.append((b"x-request-id", request_id.encode()))
     for k, v in err.headers.items():
         h.append((k.lower().encode(), v.encode()))
-    if err.status == 401:
-        h.append((b"www-authenticate", b'Bearer realm="vllm-gateway"'))
+    h.extend(err.policy_headers())
     return h
 
 
@@ -37,8 +36,10 @@ async def send_error(send: Send, err: GatewayError, request_id: str | None = Non
 
 
 def error_response(err: GatewayError) -> Response:
-    return Response(err.body_bytes(), status_code=err.status, media_type="application/json",
-                    headers=err.headers or None)
+    response = Response(err.body_bytes(), status_code=err.status, media_type="application/json",
+                        headers=err.headers or None)
+    response.raw_headers.extend(err.policy_headers())
+    return response
 
 
 def http_exception_to_error(request: Request, exc: StarletteHTTPException) -> GatewayError:

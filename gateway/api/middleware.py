@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+from gateway.api.anthropic import send_anthropic_error
 from gateway.api.context import SCOPE_KEY, RequestContext
 from gateway.api.errors import send_error
 from gateway.api.routes import normalize_path, route_label
@@ -79,6 +80,8 @@ class RequestContextMiddleware:
                 headers = list(message.get("headers", ()))
                 if not any(k.lower() == b"x-request-id" for k, _ in headers):
                     headers.append(rid_header)
+                if ctx.extra_headers:
+                    headers += ctx.extra_headers
                 message["headers"] = headers
             await send(message)
 
@@ -92,14 +95,17 @@ class RequestContextMiddleware:
                           extra={"request_id": ctx.request_id})
             if status == 0:
                 status = 500
-                await send_error(send, InternalError("The gateway failed to handle this request."),
-                                 ctx.request_id)
+                failed = InternalError("The gateway failed to handle this request.")
+                if norm.startswith("/v1/messages"):
+                    await send_anthropic_error(send, failed, ctx.request_id)
+                else:
+                    await send_error(send, failed, ctx.request_id)
         finally:
             gauge.dec()
             elapsed = time.perf_counter() - started
             if ctx.client_gone:
                 self.metrics.client_disconnects.labels(ctx.model, route).inc()
-            code = 499 if ctx.client_gone and status in (0, 200) else status
+            code = 499 if (ctx.client_gone or ctx.client_stalled) and status in (0, 200) else status
             self.metrics.requests.labels(ctx.model, route, status_class(code)).inc()
             self.metrics.latency.labels(ctx.model, route).observe(elapsed)
             if ctx.ttfb is not None:
@@ -112,5 +118,7 @@ class RequestContextMiddleware:
                         "status": code, "duration_ms": round(elapsed * 1000, 2), "model": ctx.model,
                         "upstream": ctx.upstream, "key": ctx.key_name,
                         "ttfb_ms": None if ctx.ttfb is None else round(ctx.ttfb * 1000, 2),
+                        "input_tokens": None if ctx.usage is None else ctx.usage[0],
+                        "output_tokens": None if ctx.usage is None else ctx.usage[1],
                     },
                 )

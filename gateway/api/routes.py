@@ -7,6 +7,7 @@ the same endpoint: ``/chat/completions``, ``/v1/v1/chat/completions/`` -> ``/v1/
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 
@@ -15,6 +16,7 @@ class ProxyRoute:
     kind: str  # "chat", "completions", "embeddings", "responses"
     path: str  # the upstream path, same as the public one
     required: tuple[tuple[str, type | tuple[type, ...], str], ...]  # (field, types, description)
+    dialect: str = "openai"  # "anthropic": Anthropic auth headers, error envelope and stream events
 
 
 PROXY_ROUTES: dict[str, ProxyRoute] = {
@@ -30,20 +32,28 @@ PROXY_ROUTES: dict[str, ProxyRoute] = {
     "/v1/responses": ProxyRoute(
         "responses", "/v1/responses", (("input", (str, list), "a string or an array of input items"),)
     ),
+    "/v1/messages": ProxyRoute(
+        "messages", "/v1/messages", (("messages", list, "an array of messages"),), "anthropic"
+    ),
+    "/v1/messages/count_tokens": ProxyRoute(
+        "count_tokens", "/v1/messages/count_tokens", (("messages", list, "an array of messages"),), "anthropic"
+    ),
 }
 
-_API_TAILS = ("/chat/completions", "/completions", "/embeddings", "/responses", "/models")
+_API_TAILS = ("/chat/completions", "/completions", "/embeddings", "/responses", "/models", "/messages")
 PUBLIC_PATHS = (*PROXY_ROUTES, "/v1/models", "/v1/models/{model}", "/health", "/health/ready", "/metrics")
 
 # Route label values for metrics: fixed, never raw paths.
 ROUTE_LABELS = {p: p for p in (*PROXY_ROUTES, "/v1/models", "/health", "/health/ready", "/metrics")}
 
 
+_V1_RUN = re.compile(r"(?:/v1)+(?=/|$)")
+
+
 def normalize_path(path: str) -> str:
     p = path.rstrip("/") or "/"
-    rest = p
-    while rest == "/v1" or rest.startswith("/v1/"):
-        rest = rest[3:]
+    m = _V1_RUN.match(p)  # one scan, not one slice per /v1: linear in the number of repeated /v1
+    rest = p[m.end():] if m else p
     if rest and any(rest == t or rest.startswith(t + "/") for t in _API_TAILS):
         return "/v1" + rest
     return p

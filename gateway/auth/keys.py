@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
-from dataclasses import dataclass
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
-from gateway.config.schema import KeySpec
+from gateway.config.schema import KeySpec, LimitSpec
 from gateway.errors import AuthenticationFailed
 
 
@@ -22,9 +24,19 @@ class Principal:
 
     name: str
     models: frozenset[str] | None  # None: every model ("*")
+    limits: LimitSpec | None = None  # the key's own rate limits; None: unlimited
+    per_model: Mapping[str, LimitSpec] = field(default_factory=lambda: MappingProxyType({}))
 
     def may_use(self, model_id: str) -> bool:
         return self.models is None or model_id in self.models
+
+
+KEY_PREFIX = "sk-gw-"
+
+
+def new_key() -> str:
+    """A fresh client key (``gateway keys new`` and ``POST /admin/keys`` make them the same way)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 def hash_key(key: str) -> str:
@@ -54,7 +66,9 @@ class StaticKeyStore:
                 assert spec.key is not None
                 digest = hash_key(spec.key.get_secret_value())
             models = None if "*" in spec.models else frozenset(spec.models)
-            entries.append((bytes.fromhex(digest), Principal(spec.name, models)))
+            limits = spec.only_limits() if spec.limited() else None
+            per_model = MappingProxyType({m: lim for m, lim in spec.per_model.items() if lim.limited()})
+            entries.append((bytes.fromhex(digest), Principal(spec.name, models, limits, per_model)))
         self._entries = tuple(entries)
 
     def authenticate(self, authorization: str | None) -> Principal:

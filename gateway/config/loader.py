@@ -29,7 +29,7 @@ class ConfigError(Exception):
         super().__init__(f"{source}: invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _path(loc: tuple[Any, ...] | list[Any]) -> str:
+def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -55,7 +55,7 @@ def interpolate(data: Any, env: Mapping[str, str], problems: list[str], loc: tup
                 return env[name]
             if default is not None:
                 return default
-            problems.append(f"{_path(loc)}: environment variable ${{{name}}} is not set")
+            problems.append(f"{field_path(loc)}: environment variable ${{{name}}} is not set")
             return ""
 
         return _REF.sub(repl, data)
@@ -84,7 +84,7 @@ def parse_config(text: str, env: Mapping[str, str], source: str = "<config>") ->
             if err["type"] == "extra_forbidden":
                 msg = "unknown field"
             msg = msg.removeprefix("Value error, ")
-            lines.append(f"{_path(err['loc'])}: {msg}")
+            lines.append(f"{field_path(err['loc'])}: {msg}")
         raise ConfigError(source, lines) from None
 
 

@@ -5,6 +5,8 @@
     gateway backends down [NAME...]                        stop what `up` started (state file)
     gateway backends status                                what the state file says is running
     gateway backends verify [NAME...]                      probe each upstream like the gateway does
+    gateway backends verify --deep NAME                    ranks, GPU memory balance, lengths, determinism
+    gateway backends diagnose NAME [--log FILE]            which layer failed, the evidence, the change
 
 The config comes from ``--config``, else ``$GATEWAY_CONFIG``, else ``config/gateway.yaml``. Only
 upstreams with a ``launch:`` section can be started; ``verify`` checks every upstream.
@@ -27,7 +29,9 @@ from typing import Any
 import httpx
 
 from gateway.config import ConfigError, GatewayConfig, UpstreamSpec, load_config
+from gateway.launch import diagnose_cli
 from gateway.launch.commands import LaunchCommand, LaunchError, build_command
+from gateway.launch.deep_verify_cli import run_deep
 from gateway.launch.process import (
     DEFAULT_LOG_DIR,
     DEFAULT_STATE_DIR,
@@ -186,6 +190,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             return 0
         except LaunchFailed as exc:
             _err(f"error: {exc}")
+            if exc.log_tail:  # the server ran and wrote a log: `diagnose` can read it
+                _err(diagnose_hint(exc.name, args))
             if started:
                 _out("stopping what was started:")
                 _print_stops(stop_backends(started, timeout_s=args.stop_timeout, state=state))
@@ -194,6 +200,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
             _out("\nstopping backends:" if serving else "\ninterrupted; stopping backends:")
             _print_stops(stop_backends(started, timeout_s=args.stop_timeout, state=state))
             return 0 if serving else 130
+
+
+def diagnose_hint(name: str, args: argparse.Namespace) -> str:
+    """The `diagnose` command line for a backend that failed to start."""
+    extra = "".join(f" {flag} {value}" for flag, value in (
+        ("--config", args.config), ("--log-dir", None if Path(args.log_dir) == DEFAULT_LOG_DIR else args.log_dir),
+        ("--state-dir", None if Path(args.state_dir) == DEFAULT_STATE_DIR else args.state_dir)) if value)
+    return f"to see which layer failed and what to change: gateway backends diagnose {name}{extra}"
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
@@ -239,6 +253,7 @@ _LABELS = {
     ProbeState.KEY_MISMATCH: "key mismatch",
     ProbeState.MODEL_MISSING: "model name mismatch",
     ProbeState.ERROR: "error",
+    ProbeState.LOCAL_ERROR: "not probed (out of file descriptors here)",
     ProbeState.UNKNOWN: "unknown",
 }
 
@@ -259,6 +274,10 @@ def describe_probe(upstream: UpstreamSpec, result: ProbeResult) -> str:
 def _cmd_verify(args: argparse.Namespace) -> int:
     config = _load(args)
     ups = _select(config, args.names, launchable=False)
+    if args.deep:
+        if len(args.names) != 1:
+            raise _UsageError("verify --deep checks one backend: name it (gateway backends verify --deep NAME)")
+        return run_deep(ups[0], args)
     results = asyncio.run(verify_upstreams(ups, args.timeout))
     bad = 0
     for u, r in zip(ups, results, strict=True):
@@ -294,7 +313,7 @@ def register(sub: Any) -> None:
         help="launch and check vLLM backends",
         description="Print, start, stop and verify the vLLM servers described by `launch:` sections.",
     )
-    bsub = p.add_subparsers(dest="backends_command", required=True, metavar="{command,up,down,status,verify}")
+    bsub = p.add_subparsers(dest="backends_command", required=True, metavar="{command,up,down,status,verify,diagnose}")
 
     cfg = argparse.ArgumentParser(add_help=False)
     cfg.add_argument("--config", help=f"config file (env GATEWAY_CONFIG; default {DEFAULT_CONFIG})")
@@ -327,7 +346,13 @@ def register(sub: Any) -> None:
     s = bsub.add_parser("status", parents=[st], help="list backends recorded by `up` and whether they run")
     s.set_defaults(func=_run(_cmd_status))
 
-    v = bsub.add_parser("verify", parents=[names, cfg],
+    v = bsub.add_parser("verify", parents=[names, cfg, logs, st],
                         help="check each upstream: reachable, key accepted, served name present")
-    v.add_argument("--timeout", type=float, default=5.0, help="seconds per request (default 5)")
+    v.add_argument("--timeout", type=float, default=5.0, help="seconds per request (default 5; --deep: connect timeout,"
+                   " requests get 12 x, at least 30)")
+    v.add_argument("--deep", action="store_true",
+                   help="one backend in depth: every rank initialised (log), GPU memory balance (nvidia-smi), "
+                   "one request, increasing lengths up to max_model_len, temperature-0 determinism")
     v.set_defaults(func=_run(_cmd_verify))
+
+    diagnose_cli.register(bsub, [cfg, logs, st])

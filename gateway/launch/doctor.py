@@ -102,6 +102,16 @@ def _effective(launch: LaunchSpec, flags: Mapping[str, str], add: Add) -> Launch
     return launch.model_copy(update=update)
 
 
+def tool_calling(flags: Mapping[str, str], add: Add) -> None:
+    """Claude Code (and any client that sends tools) needs vLLM's automatic tool choice."""
+    if "--enable-auto-tool-choice" in flags and flags.get("--tool-call-parser"):
+        return
+    add("info", "tool-calling", "tool calling is off: requests with `tools` (Claude Code sends 24 on every turn, "
+        "OpenAI agents too) get 400 \"auto\" tool choice requires --enable-auto-tool-choice and "
+        "--tool-call-parser. Add extra_args: [--enable-auto-tool-choice, --tool-call-parser, <parser for "
+        "this model: hermes, llama3_json, mistral, pythonic, ...>] if clients will call tools")
+
+
 def _devices(launch: LaunchSpec) -> tuple[list[str], bool]:
     """The CUDA devices a backend uses and whether they were listed (else vLLM takes 0..N-1)."""
     world = launch.tensor_parallel_size * launch.pipeline_parallel_size
@@ -144,6 +154,7 @@ class _Doctor:
             self.add(name, severity, check, message)
 
         launch = _effective(up.launch, flags := _flag_values(up.launch.extra_args), add)
+        tool_calling(flags, add)
         shape, max_len = self.shape(launch, add), 0
         if shape is not None:
             self.parallel(launch, shape, add)

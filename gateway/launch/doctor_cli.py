@@ -15,10 +15,11 @@ import textwrap
 from pathlib import Path
 from typing import Any, TextIO
 
-from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.launch import gpu
+from gateway.config import ConfigError, GatewayConfig, UpstreamSpec, load_config
+from gateway.launch import containers, gpu, gpu_state, ports, preflight
 from gateway.launch.doctor import ACROSS, Finding, diagnose
 from gateway.launch.model_shape import read_model_config
+from gateway.launch.process import DEFAULT_STATE_DIR, StateFile
 
 DEFAULT_CONFIG = "config/gateway.yaml"
 _LABEL = {"error": "ERROR", "warning": "warn", "info": "info"}
@@ -39,6 +40,14 @@ def register(sub: Any) -> None:
                    "memory.total --format=csv,noheader,nounits` (default: run it here)")
     p.add_argument("--topo-file", metavar="F", help="saved output of `nvidia-smi topo -m` (default: run it here)")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--deploy", metavar="DIR", default=None,
+                   help="compose/Kubernetes files to check for multi-GPU vLLM (/dev/shm, nofile); default: "
+                   "./deploy when it exists; '' skips")
+    p.add_argument("--no-live", action="store_true",
+                   help="skip the checks of this machine's state: ports, processes on the GPUs, MIG, the "
+                   "versions of launch.python (skipped anyway with --gpus-file/--topo-file)")
+    p.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR),
+                   help=f"where `gateway backends up` records its backends (default {DEFAULT_STATE_DIR})")
     p.set_defaults(func=run)
 
 
@@ -87,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     findings = diagnose(config, read_model_config, gpus=gpus, topology=topology,
                         gpu_memory_gib=args.gpu_memory_gib)
+    findings += preflight.env_visible_devices([u for _, u in config.upstreams() if u.launch is not None])
+    if not (args.no_live or args.gpus_file or args.topo_file):
+        findings += live_findings(config, args.state_dir)
+    deploy = args.deploy if args.deploy is not None else ("deploy" if Path("deploy").is_dir() else "")
+    if deploy:
+        findings += containers.check_dir(Path(deploy))
     if args.json:
         print(json.dumps({
             "config": path,
@@ -102,6 +117,42 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
+def live_findings(config: GatewayConfig, state_dir: str) -> list[Finding]:
+    """Ports, processes on the GPUs, MIG and launch.python's versions, on this machine now."""
+    launched = [u for _, u in config.upstreams() if u.launch is not None]
+    records = StateFile(state_dir).load()
+    own = {name: set(r.live_members()) for name, r in records.items()}
+    findings: list[Finding] = []
+    holders: dict[str, list[ports.Listener]] = {}
+    for up in launched:
+        found = ports.listeners(up.port)
+        if found:
+            holders[up.name or up.model] = found
+    findings += preflight.port_holders(launched, holders, own)
+    if any(u.launch is not None and u.launch.device != "cpu" for u in launched):
+        use = gpu_state.read_memory()
+        apps = gpu_state.read_compute_apps()
+        if use is not None:
+            findings += preflight.mig_mode(launched, use)
+            if apps is not None:
+                findings += preflight.gpu_processes(launched, use, apps, own)
+    driver: gpu_state.DriverVersions | None = None
+    probes: dict[str, dict[str, object] | str] = {}
+    for up in _python_given(launched):
+        assert up.launch is not None
+        if up.launch.device != "cpu" and driver is None:
+            driver = gpu_state.read_versions()
+        if up.launch.python not in probes:
+            probes[up.launch.python] = preflight.probe_python(up.launch.python)
+        findings += preflight.versions(up, probes[up.launch.python], driver)
+    return findings
+
+
+def _python_given(launched: list[UpstreamSpec]) -> list[UpstreamSpec]:
+    """Backends whose launch section names its interpreter (the default `python` is not probed)."""
+    return [u for u in launched if u.launch is not None and "python" in u.launch.model_fields_set]
+
+
 def print_report(config: GatewayConfig, path: str, findings: list[Finding], gpus: list[gpu.GpuInfo] | None,
                  gpus_from: str, topo_from: str, out: TextIO) -> None:
     """The human form: a header, the findings grouped by upstream, a one-line summary."""
@@ -114,7 +165,8 @@ def print_report(config: GatewayConfig, path: str, findings: list[Finding], gpus
         groups.setdefault(f.upstream, []).append(f)
     for name, items in groups.items():
         title = name
-        if name != ACROSS:
+        names = {u.name for _, u in config.upstreams()}
+        if name != ACROSS and name in names:  # else a file (container checks) or ACROSS
             model, up = config.upstream(name)
             launch = up.launch
             parallel = f", TP {launch.tensor_parallel_size}" if launch else ""

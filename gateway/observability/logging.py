@@ -35,9 +35,42 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+# C0 and C1 control characters and DEL: a client's %0a in a path must not start a forged log line,
+# nor an ESC reach the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    return f"\\x{ord(m.group()):02x}"
+
+
+def escape_controls(text: str) -> str:
+    """``a\nb`` -> ``a\\x0ab``: one log line stays one line, whatever a client sent."""
+    return _CONTROL.sub(_escape_char, text)
+
+
+def _escape_block(text: str) -> str:
+    # A traceback keeps its lines, each continuation marked so none can pass for a log line.
+    return _CONTROL_BUT_NEWLINE.sub(_escape_char, text).replace("\n", "\n  | ")
+
+
 class TextFormatter(logging.Formatter):
+    """One line per record: the message has its control characters escaped; a traceback's
+    continuation lines start with ``  | ``."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return _escape_block(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _escape_block(super().formatStack(stack_info))
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))

@@ -41,6 +41,16 @@ class Metrics:
         self.upstream_errors = Counter(
             "gateway_upstream_errors", "Upstream failures by backend and kind", ["backend", "kind"], registry=r,
         )
+        self.upstream_client_errors = Counter(
+            "gateway_upstream_client_errors",
+            "Requests a backend refused as the client's mistake (its 4xx: bad parameters, prompt too long)",
+            ["backend", "kind"], registry=r,
+        )
+        self.client_stalls = Counter(
+            "gateway_client_stalls",
+            "Streams cut because the client stopped reading for longer than timeouts.client_stall",
+            ["model", "route"], registry=r,
+        )
         self.in_flight = Gauge(
             "gateway_requests_in_flight", "Requests being served", ["route"], registry=r,
             multiprocess_mode="livesum",
@@ -49,10 +59,83 @@ class Metrics:
             "gateway_upstream_up", "1 when the last probe of the backend succeeded", ["backend", "model"],
             registry=r, multiprocess_mode="livemax",
         )
+        self.upstream_circuit_state = Gauge(
+            "gateway_upstream_circuit_state",
+            "The backend's circuit breaker: 0 closed (traffic flows), 1 half-open (one trial request), "
+            "2 open (no traffic)", ["upstream"], registry=r, multiprocess_mode="livemax",
+        )
+        self.retries = Counter(
+            "gateway_retries", "Attempts sent again before the first byte reached the client, by public "
+            "model and reason (connect, reset, http_<status>)", ["model", "reason"], registry=r,
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks", "Requests served by a fallback model because no upstream of the requested "
+            "one could take them", ["from_model", "to_model"], registry=r,
+        )
         self.client_disconnects = Counter(
             "gateway_client_disconnects", "Requests whose client went away before the end",
             ["model", "route"], registry=r,
         )
+        self.tokens = Counter(
+            "gateway_tokens", "Tokens used (real usage from the backend) by key, public model and kind "
+            "(prompt, completion)", ["key", "model", "kind"], registry=r,
+        )
+        self.rate_limited = Counter(
+            "gateway_rate_limited", "Requests refused by a rate limit, by key and kind (requests, tokens, "
+            "parallel)", ["key", "kind"], registry=r,
+        )
+        self.rate_limiter_errors = Counter(
+            "gateway_rate_limiter_errors", "Rate-limiter store (Redis) calls that failed or timed out",
+            registry=r,
+        )
+
+        self.config_version = Gauge(
+            "gateway_config_version", "Version of the admin overlay this instance serves (0: none)",
+            registry=r, multiprocess_mode="livemax",
+        )
+        # Load routing (docs/routing.md): label `backend` is an upstream name from the config.
+        self.upstream_in_flight = Gauge(
+            "gateway_upstream_in_flight", "This gateway's requests being served by the backend (attempt "
+            "sent, response not ended)", ["backend"], registry=r, multiprocess_mode="livesum",
+        )
+        self.upstream_waiting = Gauge(
+            "gateway_upstream_requests_waiting", "vllm:num_requests_waiting at the backend's last scrape",
+            ["backend"], registry=r, multiprocess_mode="livemax",
+        )
+        self.upstream_running = Gauge(
+            "gateway_upstream_requests_running", "vllm:num_requests_running at the backend's last scrape",
+            ["backend"], registry=r, multiprocess_mode="livemax",
+        )
+        self.upstream_kv_usage = Gauge(
+            "gateway_upstream_kv_cache_usage", "vllm:kv_cache_usage_perc (0..1) at the backend's last scrape",
+            ["backend"], registry=r, multiprocess_mode="livemax",
+        )
+        self.upstream_metrics_ok = Gauge(
+            "gateway_upstream_metrics_ok", "1 when the backend's last /metrics scrape succeeded (0: it counts "
+            "as saturated)", ["backend"], registry=r, multiprocess_mode="livemin",
+        )
+        self.shed = Counter(
+            "gateway_shed", "Requests refused with 503 model_overloaded (every backend over its shed "
+            "thresholds), by public model", ["model"], registry=r,
+        )
+
+    def forget_upstream(self, name: str) -> None:
+        """Remove every series of a backend that left the mapping."""
+        for metric in (self.upstream_up, self.upstream_errors, self.upstream_client_errors):
+            for labels in list(metric._metrics):  # prometheus_client keeps children by label values
+                if labels and labels[0] == name:
+                    metric.remove(*labels)
+        self.forget_backends([name])
+
+    def forget_backends(self, names: list[str]) -> None:
+        """Drop the per-backend load gauges of upstreams removed at run time."""
+        for g in (self.upstream_in_flight, self.upstream_waiting, self.upstream_running,
+                  self.upstream_kv_usage, self.upstream_metrics_ok):
+            for n in names:
+                try:
+                    g.remove(n)
+                except KeyError:
+                    pass
 
     def render(self) -> bytes:
         if self.multiprocess_dir is None:

@@ -14,6 +14,7 @@ from enum import StrEnum
 import httpx
 
 from gateway.config.schema import UpstreamSpec
+from gateway.errors import is_fd_exhaustion
 
 
 class ProbeState(StrEnum):
@@ -23,6 +24,7 @@ class ProbeState(StrEnum):
     KEY_MISMATCH = "key_mismatch"  # /v1/models answered 401/403 to the configured key
     MODEL_MISSING = "model_missing"  # the served name is not in /v1/models
     ERROR = "error"  # anything else unexpected (non-JSON, 5xx from /v1/models, ...)
+    LOCAL_ERROR = "local_error"  # this process could not probe (out of file descriptors): not the backend
     UNKNOWN = "unknown"  # not probed yet
 
 
@@ -31,22 +33,39 @@ class ProbeResult:
     state: ProbeState
     detail: str
     served: tuple[str, ...] = field(default_factory=tuple)
+    max_model_len: int | None = None  # from the backend's model card for the configured name
 
     @property
     def ok(self) -> bool:
         return self.state is ProbeState.OK
 
 
+def _transport_failure(base: str, exc: httpx.HTTPError) -> ProbeResult:
+    if is_fd_exhaustion(exc):
+        return ProbeResult(ProbeState.LOCAL_ERROR,
+                           f"could not probe {base}: this process is out of file descriptors ({exc})")
+    return ProbeResult(ProbeState.DOWN, f"{base} unreachable: {type(exc).__name__}: {exc}")
+
+
 async def probe_upstream(client: httpx.AsyncClient, upstream: UpstreamSpec, timeout: float) -> ProbeResult:
+    """``probe: full`` (vLLM's default): /health then /v1/models; ``models`` (``kind: openai``'s
+    default: a cloud API has no /health): /v1/models only."""
     base = upstream.url
+    if upstream.probe_mode == "models" or upstream.kind == "openai":  # (passive: when asked, e.g. verify)
+        return await _probe_models(client, upstream, timeout)
     try:
         r = await client.get(f"{base}/health", timeout=timeout)
     except httpx.TimeoutException:
         return ProbeResult(ProbeState.DOWN, f"{base}/health timed out after {timeout:g}s")
     except httpx.HTTPError as exc:
-        return ProbeResult(ProbeState.DOWN, f"{base} unreachable: {type(exc).__name__}: {exc}")
+        return _transport_failure(base, exc)
     if r.status_code != 200:
         return ProbeResult(ProbeState.UNHEALTHY, f"{base}/health answered {r.status_code}")
+    return await _probe_models(client, upstream, timeout)
+
+
+async def _probe_models(client: httpx.AsyncClient, upstream: UpstreamSpec, timeout: float) -> ProbeResult:
+    base = upstream.url
     headers = {}
     key = upstream.api_key_value()
     if key:
@@ -56,12 +75,14 @@ async def probe_upstream(client: httpx.AsyncClient, upstream: UpstreamSpec, time
     except httpx.TimeoutException:
         return ProbeResult(ProbeState.DOWN, f"{base}/v1/models timed out after {timeout:g}s")
     except httpx.HTTPError as exc:
-        return ProbeResult(ProbeState.DOWN, f"{base} unreachable: {type(exc).__name__}: {exc}")
+        return _transport_failure(base, exc)
     if r.status_code in (401, 403):
         return ProbeResult(
             ProbeState.KEY_MISMATCH,
             f"{base}/v1/models answered {r.status_code}: the backend's --api-key does not match "
-            f"the api_key configured for upstream {upstream.name!r}",
+            f"the api_key configured for upstream {upstream.name!r}" if upstream.kind == "vllm" else
+            f"{base}/v1/models answered {r.status_code}: the provider refused the api_key configured for "
+            f"upstream {upstream.name!r}",
         )
     if r.status_code != 200:
         return ProbeResult(ProbeState.ERROR, f"{base}/v1/models answered {r.status_code}")
@@ -77,4 +98,7 @@ async def probe_upstream(client: httpx.AsyncClient, upstream: UpstreamSpec, time
             f"set the upstream's `model` to the backend's --served-model-name",
             served,
         )
-    return ProbeResult(ProbeState.OK, "ok", served)
+    card = next(m for m in data["data"] if str(m["id"]) == upstream.model)
+    max_len = card.get("max_model_len") if isinstance(card, dict) else None
+    return ProbeResult(ProbeState.OK, "ok", served,
+                       max_len if isinstance(max_len, int) and not isinstance(max_len, bool) else None)

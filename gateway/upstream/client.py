@@ -10,11 +10,26 @@ upstream that really needs a proxy names it in its ``proxy`` field.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+
 import httpx
 
 from gateway.config.schema import Timeouts
 from gateway.domain import Upstream
 from gateway.upstream.transport import LeanTransport
+
+log = logging.getLogger("gateway.upstream")
+
+PoolKey = tuple[str, str, str | None, int]
+
+
+def pool_key(upstream: Upstream) -> PoolKey:
+    """What a connection pool depends on: an upstream edited in any of these gets a new pool."""
+    return (upstream.name, upstream.base_url, upstream.spec.proxy, upstream.spec.max_connections)
+
 
 # Below uvicorn's default keep-alive timeout (5 s), so an idle connection is retired by us first.
 KEEPALIVE_EXPIRY_S = 4.0
@@ -23,18 +38,24 @@ KEEPALIVE_EXPIRY_S = 4.0
 class UpstreamClients:
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeouts = timeouts
-        self._clients: dict[str, httpx.AsyncClient] = {}
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
-        self._lean: dict[str, LeanTransport] = {}
-        self._timeout_ext = httpx.Timeout(connect=timeouts.connect, read=None, write=timeouts.idle,
-                                          pool=timeouts.connect).as_dict()
+        self._clients: dict[PoolKey, httpx.AsyncClient] = {}
+        self._urls: dict[tuple[PoolKey, str], httpx.URL] = {}
+        self._lean: dict[PoolKey, LeanTransport] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        # per (connect, idle) override of the upstream's own ``timeouts``: the request extension
+        self._timeout_ext: dict[tuple[float | None, float | None], dict[str, float | None]] = {}
+
+    def _timeout(self, upstream: Upstream) -> httpx.Timeout:
+        """Connect and write limits: the upstream's own ``timeouts`` over the top-level ones."""
+        own, t = upstream.spec.timeouts, self._timeouts
+        connect = own.connect or t.connect
+        return httpx.Timeout(connect=connect, read=None, write=own.idle or t.idle, pool=connect)
 
     def _make(self, upstream: Upstream) -> httpx.AsyncClient:
         spec = upstream.spec
-        t = self._timeouts
         transport = None
         if not spec.proxy:
-            transport = self._lean[upstream.name] = LeanTransport(
+            transport = self._lean[pool_key(upstream)] = LeanTransport(
                 max_connections=spec.max_connections, max_idle=spec.max_connections,
                 keepalive_expiry=KEEPALIVE_EXPIRY_S)
         return httpx.AsyncClient(
@@ -44,7 +65,7 @@ class UpstreamClients:
             transport=transport,
             # Reading the headers and each body chunk is bounded by asyncio deadlines in the
             # forwarder (first byte / idle / total); httpx bounds connecting and writing.
-            timeout=httpx.Timeout(connect=t.connect, read=None, write=t.idle, pool=t.connect),
+            timeout=self._timeout(upstream),
             limits=httpx.Limits(
                 max_connections=spec.max_connections,
                 max_keepalive_connections=spec.max_connections,
@@ -59,32 +80,65 @@ class UpstreamClients:
         On the lean transport the request goes straight to it: the AsyncClient layer would only add
         a cookie jar (which must not carry one user's upstream cookies to another) and its cost.
         """
-        transport = self._lean.get(upstream.name)
+        transport = self._lean.get(pool_key(upstream))
         if transport is None:
             if upstream.spec.proxy:
                 return await self.get(upstream).send(request, stream=True)
             self.get(upstream)
-            transport = self._lean[upstream.name]
-        request.extensions["timeout"] = self._timeout_ext
+            transport = self._lean[pool_key(upstream)]
+        own = upstream.spec.timeouts
+        ext = self._timeout_ext.get((own.connect, own.idle))
+        if ext is None:
+            ext = self._timeout_ext[(own.connect, own.idle)] = self._timeout(upstream).as_dict()
+        request.extensions["timeout"] = ext
         response = await transport.handle_async_request(request)
         response.request = request
         return response
 
     def get(self, upstream: Upstream) -> httpx.AsyncClient:
-        client = self._clients.get(upstream.name)
+        key = pool_key(upstream)
+        client = self._clients.get(key)
         if client is None:
-            client = self._clients[upstream.name] = self._make(upstream)
+            client = self._clients[key] = self._make(upstream)
         return client
 
     def url(self, upstream: Upstream, path: str) -> httpx.URL:
         """The upstream's URL for ``path``, parsed once."""
-        key = (upstream.name, path)
+        key = (pool_key(upstream), path)
         url = self._urls.get(key)
         if url is None:
             url = self._urls[key] = httpx.URL(upstream.base_url + path)
         return url
 
+    def retire(self, upstream: Upstream) -> None:
+        """An upstream left the mapping (or changed): new requests get a new pool; the old one is closed
+        once its last in-flight request is done (at the latest after ``timeouts.total``)."""
+        key = pool_key(upstream)
+        client = self._clients.pop(key, None)
+        lean = self._lean.pop(key, None)
+        for k in [k for k in self._urls if k[0] == key]:
+            del self._urls[k]
+        if client is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._close_when_idle(upstream.name, client, lean))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _close_when_idle(self, name: str, client: httpx.AsyncClient, lean: LeanTransport | None) -> None:
+        deadline = time.monotonic() + self._timeouts.total
+        try:
+            # polled: the pool has no event for "last connection returned"
+            while time.monotonic() < deadline and (lean is None or lean.busy() > 0):  # noqa: ASYNC110
+                await asyncio.sleep(0.25 if lean is not None else 5.0)
+        finally:
+            await client.aclose()
+            log.info("connection pool of removed upstream %s closed", name, extra={"upstream": name})
+
     async def aclose(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         clients, self._clients = self._clients, {}
         self._lean = {}
         for c in clients.values():

@@ -16,7 +16,9 @@ import orjson
 
 from gateway.domain import Upstream
 from gateway.errors import (
+    EndpointNotSupported,
     GatewayError,
+    OutOfFileDescriptors,
     UpstreamAuthFailed,
     UpstreamBadResponse,
     UpstreamError,
@@ -24,6 +26,7 @@ from gateway.errors import (
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
+    is_fd_exhaustion,
 )
 
 _CONTEXT = re.compile(r"maximum context length|context length is|prompt is too long", re.I)
@@ -31,6 +34,10 @@ _CONTEXT = re.compile(r"maximum context length|context length is|prompt is too l
 
 def from_transport_error(exc: httpx.HTTPError, upstream: Upstream) -> GatewayError:
     name = upstream.name
+    if isinstance(exc, httpx.ConnectError) and is_fd_exhaustion(exc):
+        return OutOfFileDescriptors(
+            f"The gateway has no file descriptor left to connect to upstream {name} "
+            "(EMFILE/ENFILE: too many open connections here); the upstream was not contacted.")
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
         err: GatewayError = UpstreamUnavailable(
             f"Upstream {name} did not accept a connection in time.", code="upstream_connect_timeout"
@@ -101,15 +108,20 @@ def from_error_response(status: int, body: bytes, upstream: Upstream, path: str)
         )
     if status == 404:
         if (message is not None and "does not exist" in message) or param == "model":
+            # The backend's served names stay in the operator's log: clients learn only that it is
+            # a configuration error.
             return UpstreamModelMissing(
-                f"Upstream {name} does not serve the model name {upstream.served_name!r} "
+                f"Upstream {name} does not serve the model name configured for it. This is a gateway "
+                f"configuration error; the operator has been alerted in the logs.",
+                detail=f"Upstream {name} does not serve the model name {upstream.served_name!r} "
                 f"(backend said: {message}). Set this upstream's `model` to the backend's "
-                f"--served-model-name."
+                f"--served-model-name.",
             )
-        return UpstreamError(
-            f"Upstream {name} does not serve {path} (404). Check that the backend runs a model "
-            f"type that supports this endpoint.",
-            code="upstream_endpoint_not_found",
+        return EndpointNotSupported(
+            f"The model `{upstream.model_id}` does not support {path}: its backend does not serve this "
+            f"endpoint. Use a model of the right kind for {path}.",
+            param="model",
+            detail=f"Upstream {name} answered 404 to {path}: it does not serve this endpoint.",
         )
     if status == 405:
         return UpstreamBadResponse(f"Upstream {name} does not allow POST {path} (405).")

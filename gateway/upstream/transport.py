@@ -143,7 +143,14 @@ class _Connection(asyncio.Protocol):
     async def next_chunk(self) -> bytes | None:
         while True:
             if self.chunks:
-                chunk = self.chunks.popleft()
+                # Everything that has arrived, at once: under load one read carries many HTTP chunks
+                # (SSE events), and one write of all of them costs the client side one send, not one
+                # per event. Nothing waits for more: a lone chunk goes out as soon as it is here.
+                if len(self.chunks) == 1:
+                    chunk = self.chunks.popleft()
+                else:
+                    chunk = b"".join(self.chunks)
+                    self.chunks.clear()
                 self.buffered -= len(chunk)
                 if self.paused and self.buffered <= _MAX_BUFFER // 2 and self.transport is not None:
                     self.paused = False
@@ -296,6 +303,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             return httpx.Response(conn.status, headers=conn.headers, stream=_Body(conn, pool),
                                   extensions={"http_version": b"HTTP/1.1"})
         raise AssertionError("unreachable")
+
+    def busy(self) -> int:
+        """Connections carrying a request now (open and not idle in the pool)."""
+        return sum(len(p.open) - len(p.idle) for p in self._pools.values())
 
     async def aclose(self) -> None:
         for pool in self._pools.values():

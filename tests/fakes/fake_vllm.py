@@ -34,11 +34,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
+from tests.fakes import anthropic_api as anth
 from tests.fakes import vllm_api as api
 from tests.fakes.http11 import LAST_CHUNK, BadRequest, Connection, Request, chunk, response_head
 
 GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's AuthenticationMiddleware
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"})
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages"}
+)
 SSE_HEADERS = (
     ("content-type", "text/event-stream; charset=utf-8"),
     ("vary", "Origin"),
@@ -144,6 +147,8 @@ class FakeVLLM:
         default_max_tokens: int | None = 16,
         embedding_dim: int = 8,
         port: int = 0,
+        auto_tool_choice: bool = False,
+        cloud: bool = False,
     ) -> None:
         """`default_max_tokens`: tokens generated when a chat/responses request sets no limit (vLLM
         itself fills the context: pass None for that). `task="embed"` serves /v1/embeddings instead
@@ -154,6 +159,8 @@ class FakeVLLM:
         self.task = task
         self.default_max_tokens = default_max_tokens
         self.embedding_dim = embedding_dim
+        self.auto_tool_choice = auto_tool_choice  # --enable-auto-tool-choice --tool-call-parser ...
+        self.cloud = cloud  # play a cloud OpenAI-compatible API: only the /v1/* routes exist (no /health, /metrics)
         keys = (api_key,) if isinstance(api_key, str) else None if api_key is None else tuple(api_key)
         self.behaviour = Behaviour(api_keys=keys)
         self._port = port
@@ -171,6 +178,7 @@ class FakeVLLM:
         self._stop_event: asyncio.Event | None = None
         self._server: asyncio.Server | None = None
         self._conns: set[Connection] = set()
+        self._answering: set[Connection] = set()  # connections whose request is being answered
         self._tasks: set[asyncio.Task[None]] = set()
         self._routes = self._route_table()
 
@@ -218,9 +226,10 @@ class FakeVLLM:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._port}"
 
-    def close_listener(self, *, drop_connections: bool = True) -> None:
+    def close_listener(self, *, drop_connections: bool | Literal["idle"] = True) -> None:
         """Stop listening (new connections are refused), like a vLLM process that exited; by
-        default also drop the open connections."""
+        default also drop the open connections (``"idle"``: only those not answering a request, as
+        a backend restarted between requests)."""
         self._run_in_loop(self._close_listener, drop_connections)
 
     def reopen_listener(self) -> None:
@@ -323,7 +332,8 @@ class FakeVLLM:
             self._server = None
         if drop_connections:
             for conn in list(self._conns):
-                conn.abort()
+                if drop_connections is True or conn not in self._answering:
+                    conn.abort()
 
     def _record(self, req: Request) -> None:
         try:
@@ -383,7 +393,12 @@ class FakeVLLM:
                 if req is None:
                     break
                 self._record(req)
-                if not await self._respond(conn, req) or not req.keep_alive:
+                self._answering.add(conn)
+                try:
+                    kept = await self._respond(conn, req)
+                finally:
+                    self._answering.discard(conn)
+                if not kept or not req.keep_alive:
                     break
         except Exception as exc:  # a bug in the fake: surface it through `errors`
             with self._cond:
@@ -530,10 +545,14 @@ class FakeVLLM:
             "/v1/models": {"GET": self._models},
             "/tokenize": {"POST": self._tokenize},
         }
+        if self.cloud:
+            routes = {path: r for path, r in routes.items() if path.startswith("/v1/")}
         if self.task == "generate":
             routes["/v1/chat/completions"] = {"POST": self._chat}
             routes["/v1/completions"] = {"POST": self._completions}
             routes["/v1/responses"] = {"POST": self._responses}
+            routes["/v1/messages"] = {"POST": self._messages}
+            routes["/v1/messages/count_tokens"] = {"POST": self._count_tokens}
         else:
             routes["/v1/embeddings"] = {"POST": self._embeddings}
         return routes
@@ -658,6 +677,37 @@ class FakeVLLM:
             for step, e in api.responses_stream_events(gen, resp, tokens)
         ]
         return await self._generate_stream(conn, events, prompt, tokens, fault)
+
+    def _anthropic_model(self, requested: str) -> str:
+        try:
+            return self._model(requested)
+        except api.ApiError as err:
+            raise anth.translate(err) from None
+
+    def _anthropic_prompt(self, req: anth.CountTokensRequest) -> int:
+        anth.check(req, self.auto_tool_choice)
+        prompt = anth.prompt_tokens(req)
+        try:
+            self._check_prompt(prompt)
+        except api.ApiError as err:
+            raise anth.translate(err) from None
+        return prompt
+
+    async def _messages(self, conn: Connection, req: Request, fault: Fault | None) -> bool:
+        msg = api.validate(anth.MessagesRequest, api.parse_json_body(req.body, req.header("content-type")))
+        model = self._anthropic_model(msg.model)
+        anth.check_max_tokens(msg.max_tokens, self.max_model_len)
+        prompt = self._anthropic_prompt(msg)
+        tokens = self._output_tokens(msg.max_tokens, prompt)
+        gen = api.Generation.make("chatcmpl-", model, prompt, [tokens])
+        if not msg.stream:
+            return await self._generate_once(conn, api.dumps(anth.message(gen)), tokens, prompt, tokens, fault)
+        return await self._generate_stream(conn, anth.stream_events(gen), prompt, tokens, fault)
+
+    async def _count_tokens(self, conn: Connection, req: Request, fault: Fault | None) -> bool:
+        body = api.validate(anth.CountTokensRequest, api.parse_json_body(req.body, req.header("content-type")))
+        self._anthropic_model(body.model)
+        return self._send(conn, 200, api.dumps(anth.count_tokens_body(self._anthropic_prompt(body))))
 
     async def _embeddings(self, conn: Connection, req: Request, fault: Fault | None) -> bool:
         emb = api.validate(api.EmbeddingRequest, api.parse_json_body(req.body, req.header("content-type")))

@@ -394,3 +394,18 @@ def test_cli_foreground_up_reports_a_crashed_backend(fake_vllm_path: str, tmp_pa
     assert "fake-a: stopped" in out
     assert group_members(rec.pgid) == []
     assert StateFile(run_dir).load() == {}
+
+
+def test_cli_up_failure_points_at_diagnose(fake_vllm_path: str, tmp_path: Path) -> None:
+    """A backend that dies while starting: `up` names the `diagnose` command, which reads its log."""
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(config_yaml(fake_vllm_path, free_port(), mode="exit"))
+    dirs = ["--config", str(cfg), "--state-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "log")]
+    r = gateway("backends", "up", *dirs)
+    assert r.returncode == 1 and "exited with code 3" in r.stderr
+    assert f"gateway backends diagnose fake-a --config {cfg} --log-dir {tmp_path / 'log'}" in r.stderr
+    r = gateway("backends", "diagnose", "fake-a", *dirs)
+    assert r.returncode == 1, r.stdout + r.stderr  # the fake writes no vLLM error: a silent death
+    assert "never reported serving" in r.stdout and "boom: engine failed to start (fake)" in r.stdout
+    r = gateway("backends", "verify", "--deep", "--config", str(cfg))
+    assert r.returncode == 2 and "verify --deep checks one backend" in r.stderr

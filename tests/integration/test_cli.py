@@ -124,7 +124,7 @@ def test_several_workers_share_one_view_of_the_metrics(serve, tmp_path: Path) ->
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as c:
             r = c.post("/v1/chat/completions", json={"model": "public-chat",
                                                      "messages": [{"role": "user", "content": "x"}]})
-            assert r.status_code == 200
+            assert r.status_code == 200, r.text
     for name in metrics_dir.glob("*.db"):
         pids.add(name.stem.rsplit("_", 1)[-1])
     assert len(pids) == 2  # both workers recorded something

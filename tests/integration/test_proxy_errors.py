@@ -121,11 +121,14 @@ def test_upstream_rejects_the_gateways_key(
 ) -> None:
     gw = start_gateway({"public-chat": [upstream(fake, name="gpu0", api_key="sk-drifted-backend-key")]})
     with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as c:
-        err = _envelope(c.post("/v1/chat/completions", json=CHAT), 502, "upstream_auth_failed")
+        r = c.post("/v1/chat/completions", json=CHAT)
+        err = _envelope(r, 502, "upstream_auth_failed")
+        assert r.headers["x-should-retry"] == "false"  # the same answer until an operator fixes it
         assert "--api-key" in err["message"] and "gpu0" in err["message"]
         assert "sk-drifted-backend-key" not in err["message"]
         ready = c.get("/health/ready")
-    assert ready.status_code == 503
+    assert ready.status_code == 200  # the gateway itself is ready; the model is not
+    assert ready.json()["models"][0]["ready"] is False
     assert ready.json()["models"][0]["upstreams"][0]["state"] == "key_mismatch"
     assert "sk-" not in ready.text
     logged = caplog.text
@@ -133,11 +136,20 @@ def test_upstream_rejects_the_gateways_key(
     assert "sk-drifted-backend-key" not in logged and CLIENT_KEY not in logged
 
 
-def test_upstream_serves_another_name(start_gateway: GatewayFactory, fake: FakeVLLM) -> None:
+def test_upstream_serves_another_name(
+    start_gateway: GatewayFactory, fake: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
     gw = start_gateway({"public-chat": [upstream(fake, name="gpu0", model="/models/typo")]})
     with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as c:
-        err = _envelope(c.post("/v1/chat/completions", json=CHAT), 502, "upstream_model_not_found")
-    assert "gpu0" in err["message"] and "/models/typo" in err["message"] and "tiny" in err["message"]
+        r = c.post("/v1/chat/completions", json=CHAT)
+        err = _envelope(r, 502, "upstream_model_not_found")
+        ready = c.get("/health/ready")
+    assert r.headers["x-should-retry"] == "false"
+    assert "gpu0" in err["message"] and "configuration error" in err["message"]
+    # What the backend serves (and the configured name) is for the operator's log, not any client.
+    assert "tiny" not in r.text and "/models/typo" not in r.text
+    assert "tiny" not in ready.text and "/models/typo" not in ready.text
+    assert "/models/typo" in caplog.text and "tiny" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -167,16 +179,21 @@ def test_unreachable_upstream_is_503(start_gateway: GatewayFactory, fake_vllm: F
     fake.close_listener()
     gw = start_gateway({"public-chat": [upstream(fake)]})
     with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as c:
-        _envelope(c.post("/v1/chat/completions", json=CHAT), 503, "upstream_unavailable")
+        r = c.post("/v1/chat/completions", json=CHAT)
+        _envelope(r, 503, "upstream_unavailable")
         ready = c.get("/health/ready")
-    assert ready.status_code == 503 and ready.json()["models"][0]["upstreams"][0]["state"] == "down"
+    assert r.headers["retry-after"] == "2" and "x-should-retry" not in r.headers
+    assert ready.status_code == 200 and ready.json()["models"][0]["upstreams"][0]["state"] == "down"
+    assert str(fake.port) not in ready.text and "127.0.0.1" not in ready.text  # states only
 
 
 def test_silent_upstream_times_out_with_504(start_gateway: GatewayFactory, fake: FakeVLLM) -> None:
     gw = start_gateway({"public-chat": [upstream(fake)]}, timeouts={"first_byte": 0.5})
     fake.inject(Hang())
     with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=10) as c:
-        _envelope(c.post("/v1/chat/completions", json=CHAT), 504, "upstream_timeout")
+        r = c.post("/v1/chat/completions", json=CHAT)
+        _envelope(r, 504, "upstream_timeout")
+    assert r.headers["x-should-retry"] == "false"
     assert len(fake.requests_to("/v1/chat/completions")) == 1  # a timeout is never retried
 
 
@@ -184,6 +201,10 @@ def test_unknown_upstream_4xx_keeps_its_status(http: httpx.Client, fake: FakeVLL
     fake.inject(Respond(422, b'{"detail":[{"loc":["body","x"],"msg":"bad"}]}'))
     err = _envelope(http.post("/v1/chat/completions", json=CHAT), 422)
     assert "422" in err["message"]
-    fake.inject(Respond(429, b'{"error":{"message":"slow down","type":"RateLimit","param":null,"code":429}}'))
+    # A backend's 429 is retried (retry.max_attempts, 3 by default); when every attempt gets it, it is kept.
+    before = len(fake.requests_to("/v1/chat/completions"))
+    fake.inject(Respond(429, b'{"error":{"message":"slow down","type":"RateLimit","param":null,"code":429}}'),
+                times=3)
     err = _envelope(http.post("/v1/chat/completions", json=CHAT), 429, "rate_limit_exceeded")
     assert err["message"] == "slow down"
+    assert len(fake.requests_to("/v1/chat/completions")) == before + 3

@@ -282,3 +282,36 @@ def test_pool_timeout_connect_errors_and_garbage() -> None:
                 await _post(c, srv.url)
 
     asyncio.run(go())
+
+
+def test_chunks_that_arrived_together_are_read_as_one_and_a_lone_chunk_is_not_held() -> None:
+    """Many HTTP chunks in one read (a burst of SSE events) come out of the body iterator as one piece,
+    so the relay writes them to the client in one send; a chunk that arrives alone comes out alone, at once."""
+    release = asyncio.Event()
+
+    async def burst_then_pause(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _n: int) -> bool:
+        events = [f"data: {i}\n\n".encode() for i in range(32)]
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"".join(f"{len(e):x}\r\n".encode() + e + b"\r\n" for e in events))  # one write, 32 chunks
+        await w.drain()
+        await release.wait()
+        last = b"data: [DONE]\n\n"
+        w.write(f"{len(last):x}\r\n".encode() + last + b"\r\n0\r\n\r\n")
+        await w.drain()
+        return True
+
+    async def go() -> None:
+        async with Server(burst_then_pause) as srv, _client() as c:
+            r = await c.send(httpx.Request("POST", srv.url, content=b"{}"), stream=True)
+            parts = r.aiter_raw()
+            first = await anext(parts)
+            while first.count(b"\n\n") < 32:  # the burst may straddle two reads of the socket, never 32
+                more = await asyncio.wait_for(anext(parts), 2)
+                assert more.count(b"\n\n") > 1
+                first += more
+            assert first == b"".join(f"data: {i}\n\n".encode() for i in range(32))
+            release.set()
+            assert await asyncio.wait_for(anext(parts), 2) == b"data: [DONE]\n\n"
+            await r.aclose()
+
+    asyncio.run(go())

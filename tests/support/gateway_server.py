@@ -6,6 +6,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,21 +16,23 @@ import uvloop
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.config.schema import GatewayConfig
+from gateway.http.config import uvicorn_config
 from gateway.settings import Settings
 
 
 class GatewayServer:
-    def __init__(self, config: GatewayConfig, settings: Settings | None = None) -> None:
+    def __init__(self, config: GatewayConfig, settings: Settings | None = None,
+                 loader: Callable[[], GatewayConfig] | None = None) -> None:
         self.config = config
         self.settings = settings or Settings(access_log=False)
-        self.app = create_app(self.settings, config)
+        self.app = create_app(self.settings, config, loader=loader)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
-                             timeout_graceful_shutdown=2, server_header=False)
+        # The same uvicorn config as `gateway serve` (protocol, limits, timeouts), on this socket.
+        cfg = uvicorn_config(self.app, self.settings, timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(cfg)
         self._thread = threading.Thread(target=self._run, name=f"gateway-{self.port}", daemon=True)
 

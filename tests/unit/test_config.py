@@ -75,3 +75,13 @@ def test_not_yaml_and_not_a_mapping() -> None:
 def test_dollar_escape() -> None:
     cfg = parse_config("keys:\n  - name: a\n    key: 'pa$$word'\n", {})
     assert cfg.keys[0].key is not None and cfg.keys[0].key.get_secret_value() == "pa$word"
+
+
+def test_default_upstream_names_are_valid_names_for_any_model_id() -> None:
+    from gateway.config.schema import ModelSpec
+
+    for model_id in ("<img src=x onerror=alert(1)>", "org/model-7b", "_x", "modèle"):
+        m = ModelSpec.model_validate({"id": model_id, "upstreams": [{"url": "http://127.0.0.1:1", "model": "x"}]})
+        name = m.upstreams[0].name
+        assert name is not None and name.endswith("-0")
+        assert ModelSpec.model_validate(m.model_dump()).upstreams[0].name == name  # round-trips (admin PUT)

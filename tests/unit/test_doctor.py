@@ -383,7 +383,7 @@ def test_cpu_backend(models: dict[str, str], tmp_path: Path) -> None:
     tiny = {"model_path": models["tiny"], "device": "cpu", "dtype": "bfloat16", "max_model_len": 512,
             "extra_args": ["--kv-cache-memory-bytes", "67108864"]}
     found = run(tiny, gpus=A100_X4, topo=TOPO_PCIE)
-    assert ids(found) == {"cpu-backend", "kv-memory"}
+    assert ids(found) == {"cpu-backend", "kv-memory", "tool-calling"}
     assert "65,536 tokens at 1024 bytes/token: 128 sequences" in one(found, "kv-memory", "info").message
     assert "GPU checks" in one(found, "cpu-backend").message
     head16 = write_model(tmp_path, "tiny16", {**TINY_LLAMA, "head_dim": 16, "num_attention_heads": 8,
@@ -394,9 +394,19 @@ def test_cpu_backend(models: dict[str, str], tmp_path: Path) -> None:
     assert "1024 tokens" in one(short, "kv-memory", "error").message
 
 
+def test_tool_calling_note(models: dict[str, str]) -> None:
+    tiny = {"model_path": models["tiny"], "device": "cpu", "max_model_len": 512}
+    note = one(run(tiny), "tool-calling", "info")
+    assert "--enable-auto-tool-choice" in note.message and "Claude Code" in note.message
+    for extra in (["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"],
+                  ["--tool-call-parser=hermes", "--enable-auto-tool-choice"]):
+        assert "tool-calling" not in ids(run({**tiny, "extra_args": extra}))
+    assert "tool-calling" in ids(run({**tiny, "extra_args": ["--enable-auto-tool-choice"]}), "info")
+
+
 def test_hub_id_and_missing_paths(tmp_path: Path) -> None:
     hub = run({"model_path": "meta-llama/Meta-Llama-3-8B-Instruct", "max_model_len": 8192})
-    assert ids(hub) == {"model-config"}
+    assert ids(hub) == {"model-config", "tool-calling"}
     assert "not a local directory" in one(hub, "model-config", "info").message
     missing = run({"model_path": str(tmp_path / "gone")})
     assert "does not exist" in one(missing, "model-config", "error").message

@@ -54,3 +54,35 @@ def test_other_cancellations_pass_through() -> None:
             await task
 
     asyncio.run(go())
+
+
+async def _blocked_send(block: float, idle: float, stall: float, total: float = 30.0) -> tuple[bool, bool]:
+    """One chunk arrives, then handing it to the client blocks for ``block`` seconds.
+    Returns (cut, cut as the client's stall)."""
+    loop = asyncio.get_running_loop()
+    timer = IdleTimer(idle, loop.time() + total, stall)
+    try:
+        timer.touch()
+        timer.sending()
+        await asyncio.sleep(block)  # a client that does not read
+        timer.touch()
+        await asyncio.sleep(idle / 4)  # and the upstream carries on normally
+    except asyncio.CancelledError:
+        if not timer.absorb():
+            raise
+        return True, timer.client_stalled
+    finally:
+        timer.stop()
+    return False, False
+
+
+def test_time_blocked_on_the_client_is_not_upstream_silence() -> None:
+    assert asyncio.run(_blocked_send(block=1.0, idle=0.2, stall=5.0)) == (False, False)
+
+
+def test_a_client_stalled_beyond_its_limit_is_reported_as_such() -> None:
+    assert asyncio.run(_blocked_send(block=5.0, idle=0.2, stall=0.6)) == (True, True)
+
+
+def test_the_total_deadline_still_applies_while_blocked_on_the_client() -> None:
+    assert asyncio.run(_blocked_send(block=5.0, idle=0.2, stall=10.0, total=0.6)) == (True, False)

@@ -50,12 +50,21 @@ def test_backend_does_not_serve_the_name() -> None:
     err = _norm(404, NOT_FOUND_MODEL)
     _shape(err)
     assert err.status == 502 and err.code == "upstream_model_not_found"
-    assert "gpu0" in err.message and "'tiny'" in err.message and "Valid aliases: other" in err.message
+    assert err.client_retry is False  # the same answer until an operator fixes the config
+    # The backend's served names are for the operator's log, not for any client.
+    assert "gpu0" in err.message and "tiny" not in err.message and "other" not in err.message
+    assert err.detail is not None
+    assert "'tiny'" in err.detail and "Valid aliases: other" in err.detail
 
 
 def test_backend_lacks_the_route() -> None:
+    # vLLM answers 404 Not Found for an endpoint its model type does not serve (embeddings on a
+    # generation model): the client's choice of model, a 4xx naming the model and the route.
     err = _norm(404, DETAIL_404)
-    assert err.status == 502 and err.code == "upstream_endpoint_not_found"
+    _shape(err)
+    assert err.status == 400 and err.code == "unsupported_endpoint" and err.param == "model"
+    assert "`pub`" in err.message and "/v1/chat/completions" in err.message
+    assert err.retryable and err.client_retry is False  # another upstream may serve it; the SDK must not
 
 
 def test_context_length_keeps_the_message_and_gets_the_openai_code() -> None:

@@ -50,3 +50,20 @@ def test_route_labels_are_bounded() -> None:
 def test_suggest() -> None:
     assert suggest("/v1/chat/completion") == "/v1/chat/completions"
     assert suggest("/zzzzzzzzzzzzzzzzzzz") is None
+
+
+def test_normalisation_is_linear_in_repeated_v1() -> None:
+    """Stripping one `/v1` at a time by slicing was quadratic: a long URL of `/v1/v1/...` pinned a core."""
+    import time
+
+    def cost(n: int) -> float:
+        path = "/v1" * n + "/models"
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            assert normalize_path(path) == "/v1/models"
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    small, large = cost(10_000), cost(160_000)  # 16x the input: ~16x the time when linear, ~256x when quadratic
+    assert large < 80 * small, (small, large)

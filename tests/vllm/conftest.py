@@ -17,7 +17,7 @@ checking that no process is left):
     with ``vllm_factory`` for that.
 
 ``vllm_factory`` -> ``start(name, *, served_model="tiny", api_key=BACKEND_KEY, max_num_seqs=None,
-extra_args=(), model_path=None) -> VllmServer``
+extra_args=(), model_path=None, max_model_len=512) -> VllmServer``
     More servers with other options (e.g. ``max_num_seqs=2`` so requests queue and
     ``vllm:num_requests_waiting`` rises), or another model: ``model_path=support.TINY_MODEL_HD16``
     (``var/tiny-model-hd16``, ``make_tiny_model.py --head-dim 16``) serves a model whose first

@@ -35,6 +35,9 @@ VLLM_VENV = Path(os.environ.get("VLLM_VENV") or REPO / ".venv-vllm")
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 TINY_MODEL = Path(os.environ.get("TINY_MODEL") or REPO / "var" / "tiny-model")
 TINY_MODEL_HD16 = Path(os.environ.get("TINY_MODEL_HD16") or REPO / "var" / "tiny-model-hd16")
+# The same model claiming a 32k context, with short answers (make_tiny_model.py --max-position-embeddings
+# 32768 --short-answers): for Claude Code, whose first prompt is ~10k tokens of this tokenizer.
+TINY_MODEL_LONG = Path(os.environ.get("TINY_MODEL_LONG") or REPO / "var" / "tiny-model-long")
 BACKEND_KEY = "sk-vllm-test-backend"
 SERVED_MODEL = "tiny"
 STARTUP_TIMEOUT_S = 240.0
@@ -44,6 +47,8 @@ COMMON_ARGS = ("--kv-cache-memory-bytes", "67108864", "--enable-log-requests")
 def _build_hint(model_path: Path) -> str:
     """The make_tiny_model.py command that builds ``model_path`` (default or head_dim-16)."""
     opt = "--head-dim 16 " if model_path == TINY_MODEL_HD16 else ""
+    if model_path == TINY_MODEL_LONG:
+        opt = "--max-position-embeddings 32768 --short-answers "
     return f"{VLLM_PYTHON} scripts/make_tiny_model.py {opt}{model_path}"
 
 
@@ -150,6 +155,8 @@ def start_tiny_vllm(
     extra_args: Sequence[str] = (),
     port: int | None = None,
     model_path: Path | None = None,
+    max_model_len: int = 512,
+    env: dict[str, str] | None = None,
 ) -> VllmServer:
     """Start one tiny-model server via gateway.launch and wait for /health; fail with its log.
 
@@ -172,11 +179,12 @@ def start_tiny_vllm(
             model_path=str(model_path),
             python=str(VLLM_PYTHON),
             device="cpu",
-            max_model_len=512,
+            max_model_len=max_model_len,
             enforce_eager=True,
             max_num_seqs=max_num_seqs,
             extra_args=[*COMMON_ARGS, *extra_args],
             startup_timeout_s=STARTUP_TIMEOUT_S,
+            env=env or {},
         ),
     )
     cmd = build_command(up, log_dir=str(log_dir))
