@@ -177,7 +177,8 @@ class FakeVLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._server: asyncio.Server | None = None
-        self._conns: set[Connection] = set()
+        self._conns: set[Connection] = set()  # connections being served (their handler task runs)
+        self._open_conns: set[Connection] = set()  # every open transport, served or closing
         self._answering: set[Connection] = set()  # connections whose request is being answered
         self._tasks: set[asyncio.Task[None]] = set()
         self._routes = self._route_table()
@@ -311,6 +312,11 @@ class FakeVLLM:
         await self._close_listener(True)
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A graceful close waits for the client to read what is buffered; a client that never does
+        # (the slow-reader tests) would leave that transport open past the loop's end.
+        for conn in list(self._open_conns):
+            conn.abort()
+        await asyncio.sleep(0)  # let connection_lost run
 
     def _run_in_loop(self, fn: Callable[..., Coroutine[None, None, None]], *args: Any) -> None:
         if self._loop is None or self._thread is None:
@@ -322,7 +328,7 @@ class FakeVLLM:
             return
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self._serve_connection, self._tasks), "127.0.0.1", self._port
+            lambda: Connection(self._serve_connection, self._tasks, self._open_conns), "127.0.0.1", self._port
         )
         self._port = self._server.sockets[0].getsockname()[1]
 

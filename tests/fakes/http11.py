@@ -61,10 +61,14 @@ class Connection(asyncio.Protocol):
     """One client connection; `handler(conn)` runs as a task for its whole life."""
 
     def __init__(
-        self, handler: Callable[[Connection], Coroutine[None, None, None]], tasks: set[asyncio.Task[None]]
+        self,
+        handler: Callable[[Connection], Coroutine[None, None, None]],
+        tasks: set[asyncio.Task[None]],
+        open_conns: set[Connection],
     ) -> None:
         self._handler = handler
         self._tasks = tasks
+        self._open = open_conns  # every connection from connection_made to connection_lost
         self._buf = bytearray()
         self._wakeup = asyncio.Event()
         self.closed = asyncio.Event()  # set once the peer is gone (FIN, RST) or we closed it
@@ -74,6 +78,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._open.add(self)
         task = asyncio.get_running_loop().create_task(self._handler(self))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -89,6 +94,7 @@ class Connection(asyncio.Protocol):
         return False  # let the transport close itself
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._open.discard(self)
         self.closed.set()
         self._wakeup.set()
 

@@ -40,15 +40,15 @@ def gateway_proc(tmp_path: Path, fake: FakeVLLM) -> Iterator[tuple[int, subproce
            "GATEWAY_GRACEFUL_SHUTDOWN_S": "1.0", "GATEWAY_LOG_FORMAT": "text"}
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 20
-    while True:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).status_code == 200:
-                break
-        assert time.monotonic() < deadline, "gateway did not become ready"
-        time.sleep(0.05)
     try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "gateway did not become ready"
+            time.sleep(0.05)
         yield port, proc
     finally:
         with contextlib.suppress(ProcessLookupError):

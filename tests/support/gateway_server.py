@@ -47,6 +47,13 @@ class GatewayServer:
 
     def start(self) -> GatewayServer:
         self._thread.start()
+        try:
+            return self._wait_started()
+        except BaseException:
+            self.stop()  # no thread or socket outlives a failed start
+            raise
+
+    def _wait_started(self) -> GatewayServer:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._server.started:
