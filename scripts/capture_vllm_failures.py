@@ -59,7 +59,16 @@ def _run(argv: list[str], env: dict[str, str], log: Path, timeout: float = 300) 
         out.flush()
         done = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               timeout=timeout, check=False)
+    log.write_bytes(neutral_paths(log.read_bytes()))
     return done.returncode
+
+
+def neutral_paths(text: bytes) -> bytes:
+    """The log as it would read on a server: this checkout is /srv/vllm-gateway, the interpreter's own
+    library /usr/lib/python3.X (the repo carries no path of the machine that captured it)."""
+    stdlib = str(Path(os.__file__).parent)
+    return text.replace(str(REPO).encode(), b"/srv/vllm-gateway").replace(
+        stdlib.encode(), f"/usr/lib/{Path(stdlib).name}".encode())
 
 
 # Two CPU ranks on a one-NUMA-node machine need their cores named (vLLM's automatic binding wants one
