@@ -81,7 +81,7 @@ def build_services(settings: Settings, config: GatewayConfig, lifecycle: Lifecyc
 
     load = LoadBoard(config.routing.metrics_stale_s)
     load.add(u.name for u in table.upstreams())
-    load.in_flight_listeners.append(lambda name, n: metrics.upstream_in_flight.labels(name).set(n))
+    load.in_flight_listeners.append(metrics.set_upstream_in_flight)
 
     def on_scrape(name: str, scrape: Scrape | None) -> None:
         metrics.upstream_metrics_ok.labels(name).set(0 if scrape is None else 1)

@@ -85,7 +85,7 @@ class RequestContextMiddleware:
                 message["headers"] = headers
             await send(message)
 
-        gauge = self.metrics.in_flight.labels(route)
+        gauge = self.metrics.in_flight_of(route)
         gauge.inc()
         app = self.fast_posts.get(norm, self.app) if scope["method"] == "POST" else self.app
         try:
@@ -106,10 +106,11 @@ class RequestContextMiddleware:
             if ctx.client_gone:
                 self.metrics.client_disconnects.labels(ctx.model, route).inc()
             code = 499 if (ctx.client_gone or ctx.client_stalled) and status in (0, 200) else status
-            self.metrics.requests.labels(ctx.model, route, status_class(code)).inc()
-            self.metrics.latency.labels(ctx.model, route).observe(elapsed)
+            series = self.metrics.series(ctx.model, route)
+            series.count(status_class(code))
+            series.latency.observe(elapsed)
             if ctx.ttfb is not None:
-                self.metrics.ttfb.labels(ctx.model, route).observe(ctx.ttfb)
+                series.ttfb.observe(ctx.ttfb)
             if self.access_log:
                 access.info(
                     "%s %s %s %.1fms", scope.get("method"), norm, code, elapsed * 1000,

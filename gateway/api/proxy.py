@@ -4,9 +4,10 @@ Flow: authenticate -> read and parse the body once -> resolve the public model f
 rate-limit (only when a limit applies) -> forward (with fail-over) -> relay the SSE stream or return
 the checked JSON body -> settle the limits and record the usage (one ``finally``). The route's
 dialect (``gateway.api.dialect``: OpenAI or Anthropic) supplies the key header, the error envelope,
-the rate-limit headers and the stream's end and error events; the flow is the same for both. A watcher on the
-ASGI ``receive`` channel cancels the work the moment the client disconnects, which closes the
-upstream connection so vLLM aborts the generation.
+the rate-limit headers and the stream's end and error events; the flow is the same for both. The moment
+the client disconnects the work is cancelled (told by the server's callback, ``gateway.http.disconnect``,
+or by a watcher on the ASGI ``receive`` channel under another server), which closes the upstream
+connection so vLLM aborts the generation.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gateway.api.routes import ProxyRoute
 from gateway.api.validate import parse_payload, read_body
 from gateway.domain import ModelEntry
 from gateway.errors import GatewayError, ShuttingDown, UpstreamError, UpstreamRejected, UpstreamTimeout
+from gateway.http.disconnect import DISCONNECT_HOOK, DisconnectHook
 from gateway.ratelimit.estimate import estimate_openai, usage_openai
 from gateway.ratelimit.service import Ticket
 from gateway.ratelimit.stream_usage import UsageTap, ask_for_usage
@@ -91,19 +93,19 @@ class ProxyEndpoint:
             if headers:  # the middleware adds them to whatever response this request gets
                 ctx.extra_headers = self.dialect.rate_headers(headers)
         try:
-            await self._until_disconnect(receive, send, self._serve(scope, send, ctx, entry, payload, stream), ctx)
+            work = self._serve(scope, send, ctx, entry, payload, stream)
+            await self._until_disconnect(scope, receive, send, work, ctx)
         finally:
             usage = ctx.usage
             if ticket is not None:
                 s.ratelimits.settle(ticket, None if usage is None else usage[0] + usage[1])
             if usage is not None:
-                s.metrics.tokens.labels(principal.name, entry.id, "prompt").inc(usage[0])
-                s.metrics.tokens.labels(principal.name, entry.id, "completion").inc(usage[1])
+                s.metrics.count_tokens(principal.name, entry.id, usage[0], usage[1])
                 s.usage.record(principal.name, entry.id, usage[0], usage[1])
             elif ctx.upstream is not None:
                 s.usage.record(principal.name, entry.id, 0, 0)
 
-    async def _until_disconnect(self, receive: Receive, send: Send, work: Awaitable[None],
+    async def _until_disconnect(self, scope: Scope, receive: Receive, send: Send, work: Awaitable[None],
                                 ctx: RequestContext) -> None:
         """Run ``work`` until it ends or the client disconnects (then it is cancelled). At the end of a
         graceful shutdown it is cancelled too: a stream ends itself with an error event (``_relay``),
@@ -113,15 +115,26 @@ class ProxyEndpoint:
         finished = False
         gone = False
 
-        async def watch() -> None:
+        def on_gone() -> None:
             nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
             if not finished:
                 gone = True
                 task.cancel()
 
-        watcher = asyncio.create_task(watch())
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            on_gone()
+
+        # The server's callback when it offers one (gateway.http.disconnect), else a task on receive()
+        hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
+        watcher: asyncio.Task[None] | None = None
+        if hook is not None:
+            hook.on_disconnect = on_gone
+            if hook.disconnected:
+                on_gone()
+        else:
+            watcher = asyncio.create_task(watch())
         active = self.s.lifecycle.active
         active.add(task)
         try:
@@ -137,7 +150,10 @@ class ProxyEndpoint:
         finally:
             finished = True
             active.discard(task)
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif hook is not None:
+                hook.on_disconnect = None
 
     async def _serve(
         self, scope: Scope, send: Send, ctx: RequestContext, entry: ModelEntry,
@@ -169,8 +185,7 @@ class ProxyEndpoint:
         s = self.s
         served = (b"x-gateway-served-by", opened.served_by.encode())
         ctx.extra_headers = [*ctx.extra_headers, served] if ctx.extra_headers else [served]
-        ctype = opened.response.headers.get("content-type", "")
-        if stream and ctype.startswith("text/event-stream"):
+        if stream and opened.response.headers.get("content-type", "").startswith("text/event-stream"):
             await self._relay(send, ctx, requested, opened, tap)
             return
         up = opened.upstream

@@ -31,6 +31,7 @@ import logging
 import socket
 import weakref
 from asyncio import TimerHandle
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn._types import ASGISendEvent
@@ -46,6 +47,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import ServerState
 
 from gateway.errors import GatewayError
+from gateway.http.disconnect import DISCONNECT_HOOK
 from gateway.http.fds import FdWatch
 from gateway.http.limits import ServerLimits
 
@@ -129,6 +131,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.probe.cancel()
             self.probe = None
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            _notify_disconnect(cycle)
 
     def data_received(self, data: bytes) -> None:
         if self.rejected:  # lingering after an answer given here: drop, up to a point
@@ -195,6 +200,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not previous:  # its task has not run yet: every send goes through the subclass
             cycle.__class__ = _Http10Cycle if self.scope["http_version"] == "1.0" else _Cycle
+            self.scope[DISCONNECT_HOOK] = cycle  # type: ignore[literal-required]  # gateway.http.disconnect
 
     def on_message_complete(self) -> None:
         self.in_body = False
@@ -257,6 +263,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if cycle is not None:  # the application sees a disconnect; its answer goes nowhere
             cycle.disconnected = True
             cycle.message_event.set()
+            _notify_disconnect(cycle)
 
     def _reject(self, status: int, code: str, message: str) -> None:
         """Answer ``status`` here and close after a short lingering read; parse nothing more."""
@@ -315,6 +322,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.probe = self.loop.call_later(_HALF_CLOSE_PROBE_S, self._probe_peer)
 
 
+def _notify_disconnect(cycle: RequestResponseCycle) -> None:
+    callback = getattr(cycle, "on_disconnect", None)
+    if callback is not None:
+        cycle.on_disconnect = None  # type: ignore[attr-defined]  # (a _Cycle: set on a class swap)
+        callback()
+
+
 _PLAIN_NAMES: set[bytes] = set()  # response header names seen valid, lowercase, and not about framing
 _PLAIN_NAMES_MAX = 1024
 
@@ -323,7 +337,11 @@ class _Cycle(RequestResponseCycle):
     """uvicorn's response start, with the same checks at less cost per header (a response carries
     10-15): a header name already seen valid and lowercase is not matched against the regular
     expression again, nor lowercased, nor compared with the framing names; a value of letters and
-    digits only (``x-ratelimit-*`` counts, lengths) needs no expression to be known safe."""
+    digits only (``x-ratelimit-*`` counts, lengths) needs no expression to be known safe.
+
+    It is also the request's :class:`~gateway.http.disconnect.DisconnectHook`."""
+
+    on_disconnect: Callable[[], None] | None = None
 
     async def send(self, message: ASGISendEvent) -> None:
         if self.flow.write_paused and not self.disconnected:

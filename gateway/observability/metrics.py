@@ -11,10 +11,32 @@ route names, never from raw client input, so cardinality is bounded.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+@dataclass(slots=True)
+class RequestSeries:
+    """The bound series of one (public model, route): looked up once, then used on every request
+    (``labels()`` validates and locks on each call; a dict lookup here does not)."""
+
+    latency: Any
+    ttfb: Any
+    requests: Any  # the Counter, for status classes not bound yet
+    model: str
+    route: str
+    by_class: dict[str, Any] = field(default_factory=dict)
+
+    def count(self, status_class: str) -> None:
+        child = self.by_class.get(status_class)
+        if child is None:
+            child = self.by_class[status_class] = self.requests.labels(self.model, self.route, status_class)
+        child.inc()
+
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -118,6 +140,40 @@ class Metrics:
             "gateway_shed", "Requests refused with 503 model_overloaded (every backend over its shed "
             "thresholds), by public model", ["model"], registry=r,
         )
+        self._series: dict[tuple[str, str], RequestSeries] = {}
+        self._in_flight: dict[str, Any] = {}
+        self._tokens: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._upstream_in_flight: dict[str, Any] = {}
+
+    def series(self, model: str, route: str) -> RequestSeries:
+        """The request series of ``(model, route)``, bound once (both are config values or route names)."""
+        got = self._series.get((model, route))
+        if got is None:
+            got = self._series[(model, route)] = RequestSeries(
+                self.latency.labels(model, route), self.ttfb.labels(model, route), self.requests, model, route)
+        return got
+
+    def count_tokens(self, key: str, model: str, prompt: int, completion: int) -> None:
+        """Add a request's usage to ``gateway_tokens`` (the pair of series bound once per key and model)."""
+        pair = self._tokens.get((key, model))
+        if pair is None:
+            pair = self._tokens[(key, model)] = (self.tokens.labels(key, model, "prompt"),
+                                                 self.tokens.labels(key, model, "completion"))
+        pair[0].inc(prompt)
+        pair[1].inc(completion)
+
+    def in_flight_of(self, route: str) -> Any:
+        """The in-flight gauge of ``route``, bound once."""
+        got = self._in_flight.get(route)
+        if got is None:
+            got = self._in_flight[route] = self.in_flight.labels(route)
+        return got
+
+    def set_upstream_in_flight(self, backend: str, n: int) -> None:
+        got = self._upstream_in_flight.get(backend)
+        if got is None:
+            got = self._upstream_in_flight[backend] = self.upstream_in_flight.labels(backend)
+        got.set(n)
 
     def forget_upstream(self, name: str) -> None:
         """Remove every series of a backend that left the mapping."""
@@ -132,6 +188,7 @@ class Metrics:
         for g in (self.upstream_in_flight, self.upstream_waiting, self.upstream_running,
                   self.upstream_kv_usage, self.upstream_metrics_ok):
             for n in names:
+                self._upstream_in_flight.pop(n, None)
                 try:
                     g.remove(n)
                 except KeyError:

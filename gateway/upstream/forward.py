@@ -41,7 +41,9 @@ from gateway.upstream.client import UpstreamClients
 from gateway.upstream.headers import DEFAULT_ALLOW, allow_set, forward_headers
 from gateway.upstream.idle import IdleTimer
 from gateway.upstream.normalize import from_error_response, from_transport_error
+from gateway.upstream.response import UpstreamResponse
 from gateway.upstream.retry import Verdict, backoff_s, judge
+from gateway.upstream.transport import LeanResponse
 
 log = logging.getLogger("gateway.upstream")
 
@@ -52,7 +54,7 @@ PairHook = Callable[[str, str], None]  # (model, reason) for retries, (from_mode
 @dataclass(slots=True)
 class Opened:
     upstream: Upstream
-    response: httpx.Response
+    response: UpstreamResponse
     deadline: float  # loop time by which the whole exchange must end
     idle: float = 60.0  # the upstream's limit on silence between two body chunks
     lease: Lease | None = None  # this request in the upstream's in-flight count, until release()
@@ -252,13 +254,10 @@ class Forwarder:
         err: GatewayError
         lease: Lease | None = self.selector.load.start(up.name)  # released below unless it succeeds
         try:
-            # A bare Request, not client.build_request(): no URL merging and no cookie jar, so a
-            # cookie one upstream response sets can never ride along on another user's request.
-            request = httpx.Request("POST", self.clients.url(up, path), content=encode_payload(payload),
-                                    headers=self._headers(up, extra, request_id))
+            body = encode_payload(payload)
             try:
-                async with asyncio.timeout_at(min(deadline, loop.time() + first_byte)):
-                    response = await self.clients.send(up, request)
+                response = await self.clients.post(up, path, self._headers(up, extra, request_id), body,
+                                                   min(deadline, loop.time() + first_byte))
             except TimeoutError:
                 err = UpstreamTimeout(
                     f"Upstream {up.name} sent no response within {first_byte:g}s."
@@ -330,9 +329,14 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
 
 
 async def read_body(
-    response: httpx.Response, deadline: float, idle: float, max_bytes: int, up: Upstream
+    response: UpstreamResponse, deadline: float, idle: float, max_bytes: int, up: Upstream
 ) -> bytes:
     """The whole (non-streaming) body, bounded in size, total time and silence; always closes."""
+    if isinstance(response, LeanResponse) and (whole := response.stream.take_complete()) is not None:
+        await response.aclose()  # all of it is here already: nothing to time, nothing to iterate
+        if len(whole) > max_bytes:
+            raise UpstreamBadResponse(f"Upstream {up.name} sent a body over {max_bytes} bytes.")
+        return whole
     parts: list[bytes] = []
     size = 0
     timer = IdleTimer(idle, deadline)

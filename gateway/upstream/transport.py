@@ -22,7 +22,7 @@ import collections
 import ssl
 import time
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
 import httptools
 import httpx
@@ -134,11 +134,26 @@ class _Connection(asyncio.Protocol):
         if len(body) >= 65536:
             self.transport.write(body)
 
-    async def wait_headers(self) -> None:
-        while not self.headers_done:
-            if self.error is not None:
-                raise self.error
-            await self._wait()
+    def _headers_late(self) -> None:
+        if not self.headers_done:
+            self._fail(TimeoutError())
+
+    async def wait_headers(self, by: float | None = None) -> None:
+        """Until the response head is parsed; ``TimeoutError`` at loop time ``by`` (one timer handle,
+        no cancellation of the caller's task)."""
+        if self.headers_done:
+            return
+        late = None
+        if by is not None:
+            late = asyncio.get_running_loop().call_at(by, self._headers_late)
+        try:
+            while not self.headers_done:
+                if self.error is not None:
+                    raise self.error
+                await self._wait()
+        finally:
+            if late is not None:
+                late.cancel()
 
     async def next_chunk(self) -> bytes | None:
         while True:
@@ -168,7 +183,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class _Body(httpx.AsyncByteStream):
+class LeanBody(httpx.AsyncByteStream):
     def __init__(self, conn: _Connection, pool: _Pool) -> None:
         self._conn = conn
         self._pool = pool
@@ -186,6 +201,18 @@ class _Body(httpx.AsyncByteStream):
         except OSError as exc:
             raise httpx.ReadError(str(exc)) from exc
 
+    def take_complete(self) -> bytes | None:
+        """The whole body when all of it has already arrived (a small answer comes in the same read
+        as its head), else None (then iterate). Nothing to wait for, so no timer is needed."""
+        conn = self._conn
+        if not conn.complete or conn.error is not None:
+            return None
+        chunks = conn.chunks
+        body = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        conn.buffered = 0
+        return body
+
     async def aclose(self) -> None:
         if self._done:
             return
@@ -193,6 +220,44 @@ class _Body(httpx.AsyncByteStream):
         conn = self._conn
         reusable = conn.complete and conn.keep_alive and not conn.chunks and conn.usable()
         self._pool.release(conn, reusable)
+
+
+class _RawHeaders:
+    """Case-insensitive ``get`` over the raw header list (no ``httpx.Headers`` built per response)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = key.lower().encode("latin-1")
+        for k, v in self._raw:
+            if k.lower() == name:
+                return v.decode("latin-1")
+        return default
+
+
+class LeanResponse:
+    """An upstream response on the lean transport: its status, raw headers and body stream
+    (:class:`~gateway.upstream.response.UpstreamResponse`)."""
+
+    __slots__ = ("raw_headers", "status_code", "stream")
+
+    def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]], stream: LeanBody) -> None:
+        self.status_code = status_code
+        self.raw_headers = raw_headers
+        self.stream = stream
+
+    @property
+    def headers(self) -> _RawHeaders:
+        return _RawHeaders(self.raw_headers)
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self.stream.__aiter__()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 class _Pool:
@@ -208,11 +273,14 @@ class _Pool:
         self.open: set[_Connection] = set()
 
     async def acquire(self, connect_timeout: float | None, pool_timeout: float | None) -> tuple[_Connection, bool]:
-        try:
-            async with asyncio.timeout(pool_timeout):
-                await self.slots.acquire()
-        except TimeoutError:
-            raise httpx.PoolTimeout("no free connection to the upstream in time") from None
+        if self.slots.locked():  # every connection busy: wait, at most pool_timeout
+            try:
+                async with asyncio.timeout(pool_timeout):
+                    await self.slots.acquire()
+            except TimeoutError:
+                raise httpx.PoolTimeout("no free connection to the upstream in time") from None
+        else:
+            await self.slots.acquire()  # returns at once (no timer armed for nothing)
         try:
             now = time.monotonic()
             while self.idle:
@@ -281,27 +349,38 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
-        pool = self._pool(request.url)
-        body = request.content  # bytes: the gateway always sends a complete body
-        head = _request_head(request)
+        # request.content: bytes (the gateway always sends a complete body)
+        r = await self.exchange(request.url, _request_head(request), request.content,
+                                timeouts.get("connect"), timeouts.get("pool"))
+        return httpx.Response(r.status_code, headers=r.raw_headers, stream=r.stream,
+                              extensions={"http_version": b"HTTP/1.1"})
+
+    async def exchange(self, url: httpx.URL, head: bytes, body: bytes, connect_timeout: float | None,
+                       pool_timeout: float | None, headers_by: float | None = None) -> LeanResponse:
+        """Send ``head`` (request line and headers, framing included) and ``body`` to ``url``'s origin;
+        return once the response head is here (its body left open). ``headers_by``: the loop time by
+        which the head must have arrived, else ``TimeoutError`` (the connection is closed)."""
+        pool = self._pool(url)
         for attempt in (1, 2):
-            conn, reused = await pool.acquire(timeouts.get("connect"), timeouts.get("pool"))
+            conn, reused = await pool.acquire(connect_timeout, pool_timeout)
             try:
                 conn.send(head, body)
-                await conn.wait_headers()
+                await conn.wait_headers(headers_by)
             except _ServerClosed:
                 pool.discard(conn)
                 if reused and attempt == 1:
                     continue  # the server had closed this idle connection: it never saw the request
                 raise httpx.RemoteProtocolError("upstream closed the connection without a response") from None
+            except TimeoutError:  # headers_by passed (an OSError subclass: not a write error)
+                pool.discard(conn)
+                raise
             except OSError as exc:
                 pool.discard(conn)
                 raise httpx.WriteError(str(exc)) from exc
             except BaseException:  # errors, timeouts and cancellation: this connection is spoilt
                 pool.discard(conn)
                 raise
-            return httpx.Response(conn.status, headers=conn.headers, stream=_Body(conn, pool),
-                                  extensions={"http_version": b"HTTP/1.1"})
+            return LeanResponse(conn.status, conn.headers, LeanBody(conn, pool))
         raise AssertionError("unreachable")
 
     def busy(self) -> int:

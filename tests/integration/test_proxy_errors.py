@@ -208,3 +208,17 @@ def test_unknown_upstream_4xx_keeps_its_status(http: httpx.Client, fake: FakeVLL
     err = _envelope(http.post("/v1/chat/completions", json=CHAT), 429, "rate_limit_exceeded")
     assert err["message"] == "slow down"
     assert len(fake.requests_to("/v1/chat/completions")) == before + 3
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_answer_over_max_response_bytes_is_a_502_not_relayed(
+    start_gateway: GatewayFactory, fake: FakeVLLM, chunked: bool
+) -> None:
+    gw = start_gateway({"public-chat": [upstream(fake)]}, limits={"max_response_bytes": 1024})
+    big = b'{"id":"x","object":"chat.completion","choices":[],"pad":"' + b"a" * 2000 + b'"}'
+    fake.inject(Respond(200, [big[:700], big[700:1400], big[1400:]] if chunked else big))
+    with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=10) as c:
+        r = c.post("/v1/chat/completions", json=CHAT)
+        err = _envelope(r, 502, "bad_upstream_response")
+        assert "over 1024 bytes" in err["message"] and b"aaaa" not in r.content
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # the next one is served
