@@ -1,5 +1,6 @@
-"""Instructions per request of the gateway without limits, with in-memory limits and with Redis limits,
-counted by valgrind's callgrind: a measure that a shared, noisy machine does not move.
+"""Instructions per request of the gateway without limits, with in-memory limits and with Redis limits
+(and, when asked, of the Python floor and of another revision's gateway), counted by valgrind's
+callgrind: a measure that a shared, noisy machine does not move.
 
 Each gateway runs under ``valgrind --tool=callgrind`` (about 50x slower, so the load is small and
 the concurrency low); after a warm-up its counters are zeroed (``callgrind_control -z``), a fixed
@@ -9,6 +10,7 @@ is the real cost; this is the same comparison without the neighbours' noise. See
 
     .venv/bin/python loadtest/bench_instructions.py                  # about 4 minutes
     .venv/bin/python loadtest/bench_instructions.py --requests 500   # quicker
+    .venv/bin/python loadtest/bench_instructions.py --targets floor,gateway --baseline HEAD  # issue 11
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ if __package__ in (None, ""):  # run as a script: make `loadtest.bench` importab
 
 from loadtest.bench import targets as tg
 from loadtest.bench.loadgen import run_load
-from loadtest.bench.scenarios import CLIENT_KEY, PUBLIC_MODEL, Target, make_scenario
+from loadtest.bench.scenarios import CLIENT_KEY, PUBLIC_MODEL, SERVED_MODEL, Target, make_scenario
 
 TARGETS = ("gateway", "gateway-memlimits", "gateway-redislimits")
+KNOWN = (*TARGETS, "floor", "gateway-base")  # floor: loadtest/floor_relay.py; gateway-base: --baseline REV
 
 
 def _total_ir(dump_dir: Path, name: str) -> int:
@@ -52,12 +55,19 @@ async def _control(flag: str, pid: int) -> None:
 
 
 async def measure(name: str, procs: tg.Procs, pin: tg.Pinning, tmp: Path, stub_port: int, redis_url: str | None,
-                  requests: int, concurrency: int) -> dict[str, Any]:
+                  requests: int, concurrency: int, base_src: Path | None = None) -> dict[str, Any]:
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg-{name}.%p", "--dump-instr=no"]
-    s = tg.start_gateway(procs, pin, stub_port, tmp, redis_url if name == "gateway-redislimits" else None,
-                         access_log=False, name=name, limits=name != "gateway", wrapper=valgrind)
-    await tg.wait_ready(name, s.proc, s.port, tg.ready_requests("gateway", s.port), procs, timeout_s=600)
-    sc = make_scenario("chat", Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, PUBLIC_MODEL), 16, 0.0)
+    if name == "floor":
+        s = tg.start_floor(procs, pin, stub_port, wrapper=valgrind)
+        target = Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, SERVED_MODEL)  # the floor maps no model back
+    else:
+        s = tg.start_gateway(procs, pin, stub_port, tmp, redis_url if name == "gateway-redislimits" else None,
+                             access_log=False, name=name, limits=name in TARGETS[1:], wrapper=valgrind,
+                             src=base_src if name == "gateway-base" else None)
+        target = Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, PUBLIC_MODEL)
+    ready_as = "floor" if name == "floor" else "gateway"
+    await tg.wait_ready(name, s.proc, s.port, tg.ready_requests(ready_as, s.port), procs, timeout_s=600)
+    sc = make_scenario("chat", target, 16, 0.0)
     warm = await run_load(sc, s.port, max(100, requests // 4), concurrency, {}, 120)
     await _control("-z", s.proc.pid)  # zero the counters: start-up and warm-up do not count
     raw = await run_load(sc, s.port, requests, concurrency, {}, 120)
@@ -80,9 +90,11 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
             await tg.wait_ready("stub", stub.proc, stub.port, tg.ready_requests("stub", stub.port), procs)
             redis = await tg.start_redis(procs, pin, tmp) if "gateway-redislimits" in args.targets else None
             url = f"redis://{tg.HOST}:{redis.port}/0" if redis is not None else None
+            base_src = tg.export_revision(args.baseline, tmp / "base-src") if args.baseline else None
             rows = []
             for name in args.targets:
-                row = await measure(name, procs, pin, tmp, stub.port, url, args.requests, args.concurrency)
+                row = await measure(name, procs, pin, tmp, stub.port, url, args.requests, args.concurrency,
+                                    base_src)
                 print(f"{name:<20} {row['per_request']:>12,.0f} instructions/request ({row['requests']} requests)",
                       flush=True)
                 rows.append(row)
@@ -97,17 +109,27 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument("--baseline", metavar="REV", help="also measure the gateway of git revision REV (gateway-base)")
     args = p.parse_args()
     args.targets = [t for t in args.targets.split(",") if t]
+    if args.baseline and "gateway-base" not in args.targets:
+        args.targets.append("gateway-base")
+    unknown = [t for t in args.targets if t not in KNOWN] + (
+        ["gateway-base (needs --baseline REV)"] if "gateway-base" in args.targets and not args.baseline else [])
+    if unknown:
+        print(f"unknown targets {unknown}; choose from {', '.join(KNOWN)}", file=sys.stderr)
+        return 2
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("valgrind (callgrind) not found: apt-get install valgrind", file=sys.stderr)
         return 2
     rows = asyncio.run(main_async(args))
-    base = next((r for r in rows if r["target"] == "gateway"), None)
-    if base is not None:
-        print("\ninstructions per request, ratio to the gateway without limits:")
-        for r in rows:
-            print(f"  {r['target']:<20} {r['per_request'] / base['per_request']:.3f}")
+    by = {r["target"]: r for r in rows}
+    for ref, title in (("gateway", "the gateway without limits"), ("floor", "the Python floor"),
+                       ("gateway-base", f"the gateway of {args.baseline}")):
+        if ref in by and len(rows) > 1:
+            print(f"\ninstructions per request, ratio to {title}:")
+            for r in rows:
+                print(f"  {r['target']:<20} {r['per_request'] / by[ref]['per_request']:.3f}")
     print(json.dumps(rows))
     return 0
 

@@ -47,10 +47,12 @@ from loadtest.bench.profiling import find_py_spy, profile_gateway
 from loadtest.bench.report import (
     HEADER,
     _finite,
+    baseline_summary,
     case_summary,
     git_rev,
     limits_summary,
     machine_info,
+    print_baseline_summary,
     print_limits_summary,
     print_profile,
     print_rows,
@@ -71,6 +73,7 @@ RESULTS_DIR = ROOT / "var" / "bench"
 ALL_TARGETS = ("direct", "nginx", "floor", "gateway", "gateway-log", "gateway-memlimits", "gateway-redislimits")
 LIMIT_TARGETS = ("gateway-memlimits", "gateway-redislimits")  # issue 7: compared with "gateway"
 DEFAULT_TARGETS = ("direct", "nginx", "floor", "gateway")
+BASE_TARGET = "gateway-base"  # --baseline REV: that revision's gateway, for a before/after in one run
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Options:
     redis_url: str | None
     quick: bool
     write_json: bool
+    baseline: str | None = None  # a git revision: its gateway runs as target "gateway-base"
 
 
 Found = list[tuple[Target, list[int]]]  # a target and the processes whose CPU counts
@@ -120,6 +124,11 @@ async def start_targets(opts: Options, procs: tg.Procs, pin: tg.Pinning, tmp: Pa
         elif name == "floor":
             s = tg.start_floor(procs, pin, stub.port)
             target = Target("floor", s.port, CLIENT_KEY, PUBLIC_MODEL, SERVED_MODEL)
+        elif name == BASE_TARGET:
+            assert opts.baseline is not None
+            src = tg.export_revision(opts.baseline, tmp / "base-src")
+            s = tg.start_gateway(procs, pin, stub.port, tmp, opts.redis_url, access_log=False, name=name, src=src)
+            target = Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, PUBLIC_MODEL)
         elif name in LIMIT_TARGETS:
             url = f"redis://{tg.HOST}:{redis.port}/0" if redis is not None and name == "gateway-redislimits" else None
             s = tg.start_gateway(procs, pin, stub.port, tmp, url, access_log=False, name=name, limits=True)
@@ -128,8 +137,8 @@ async def start_targets(opts: Options, procs: tg.Procs, pin: tg.Pinning, tmp: Pa
             s = tg.start_gateway(procs, pin, stub.port, tmp, opts.redis_url, access_log=name == "gateway-log",
                                  name=name)
             target = Target(name, s.port, CLIENT_KEY, PUBLIC_MODEL, PUBLIC_MODEL)
-        took = await tg.wait_ready(name, s.proc, s.port, tg.ready_requests(name if name != "gateway-log"
-                                                                           else "gateway", s.port), procs)
+        ready_as = "gateway" if name in ("gateway-log", BASE_TARGET) else name
+        took = await tg.wait_ready(name, s.proc, s.port, tg.ready_requests(ready_as, s.port), procs)
         pids = tg.child_pids(s.proc.pid) if name == "nginx" else s.pids  # nginx: the worker does the work
         print(f"ready: {name} :{s.port} ({took:.2f} s)", flush=True)
         found.append((target, pids or s.pids))
@@ -180,6 +189,10 @@ async def bench(opts: Options, procs: tg.Procs, tmp: Path, stamp: str) -> dict[s
                 line["limiter_failures_total"] = await tg.metric_value(port, "gateway_rate_limiter_errors_total")
             out.setdefault("ratelimit", []).extend(lines)
             print_limits_summary(lines)
+        if "gateway" in rounds and BASE_TARGET in rounds:
+            line = baseline_summary(case.name, rows, rounds, opts.baseline or "")
+            out.setdefault("baseline", []).append(line)
+            print_baseline_summary(line)
     out["runs"] = [asdict(r) for r in runs]
     out["summary"] = summary
     print_summary(summary, [t.name for t, _ in targets])
@@ -240,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", help="GATEWAY_REDIS_URL for the gateway (default: none)")
     p.add_argument("--quick", action="store_true", help="a short run: a quarter of the requests, one round")
     p.add_argument("--no-json", action="store_true", help="do not write var/bench/results-*.json")
+    p.add_argument("--baseline", metavar="REV",
+                   help="also run the gateway of git revision REV (target gateway-base) and print this "
+                        "gateway's CPU per request as a ratio to it, per round (a before/after in one run)")
     return p
 
 
@@ -262,7 +278,10 @@ def options_from(args: argparse.Namespace) -> Options:
         redis_url=args.redis_url,
         quick=q,
         write_json=not args.no_json,
+        baseline=args.baseline,
     )
+    if opts.baseline and BASE_TARGET not in opts.targets:
+        opts.targets.append(BASE_TARGET)
     if "direct" not in opts.targets:
         opts.targets.insert(0, "direct")  # every number is relative to it
     if opts.scale <= 0 or opts.rounds < 1:

@@ -87,11 +87,11 @@ def _line(name: str, metric: str, values: dict[str, float | None], added: bool) 
 
 def print_summary(lines: Sequence[dict[str, Any]], targets: Sequence[str]) -> None:
     print("\nThe gateway's cost (added = target minus direct, same run; ratios = gateway / other):")
-    head = f"{'case':<6} {'metric':<22}" + "".join(f"{t:>12}" for t in targets)
+    head = f"{'case':<6} {'metric':<22}" + "".join(f"{t:>13}" for t in targets)
     head += "".join(f"{'gw/' + o:>11}" for o in ("direct", "nginx", "floor")) + "   goal"
     print(head)
     for line in lines:
-        vals = "".join(_f(line["values"].get(t), 12, 3 if "ms" in line["metric"] else 1) for t in targets)
+        vals = "".join(_f(line["values"].get(t), 13, 3 if "ms" in line["metric"] else 1) for t in targets)
         rat = "".join(_f(line["gateway_ratio"].get(o), 11, 2) for o in ("direct", "nginx", "floor"))
         met = "" if line["met"] is None else (" met" if line["met"] else " NOT met")
         print(f"{line['case']:<6} {line['metric']:<22}{vals}{rat}   {line['goal'] or ''}{met}")
@@ -177,6 +177,29 @@ def limits_summary(case: str, rows: Sequence[RunResult], rounds: dict[str, list[
                     "redis_cpu_ms_per_req": r.cpu_ms_per_req.get("redis"),
                     "goal": f"cpu <= {goal:.2f} x gateway", "met": None if cpu_ratio is None else cpu_ratio <= goal})
     return out
+
+
+def baseline_summary(case: str, rows: Sequence[RunResult], rounds: dict[str, list[RunResult]],
+                     rev: str) -> dict[str, Any]:
+    """This checkout's gateway against ``--baseline``'s, same run: CPU per request and req/s ratios,
+    overall and per round (round i against round i)."""
+    by = {r.target: r for r in rows}
+    new, old = by["gateway"], by["gateway-base"]
+    cpu, base_cpu = new.cpu_ms_per_req.get("proxy"), old.cpu_ms_per_req.get("proxy")
+    per_cpu = [a.cpu_ms_per_req["proxy"] / b.cpu_ms_per_req["proxy"]
+               for a, b in zip(rounds["gateway"], rounds["gateway-base"], strict=True)
+               if a.cpu_ms_per_req.get("proxy") and b.cpu_ms_per_req.get("proxy")]
+    per_rps = [a.rps / b.rps for a, b in zip(rounds["gateway"], rounds["gateway-base"], strict=True) if b.rps]
+    return {"case": case, "baseline": rev, "cpu_ms_per_req": cpu, "base_cpu_ms_per_req": base_cpu,
+            "cpu_ratio": cpu / base_cpu if cpu and base_cpu else None, "cpu_ratio_rounds": per_cpu,
+            "rps_ratio": new.rps / old.rps if old.rps else None, "rps_ratio_rounds": per_rps}
+
+
+def print_baseline_summary(x: dict[str, Any]) -> None:
+    print(f"\nThis gateway against --baseline {x['baseline']} (gateway-base), same run: CPU per request "
+          f"{_f(x['cpu_ms_per_req'], 0, 3).strip()} vs {_f(x['base_cpu_ms_per_req'], 0, 3).strip()} ms, ratio "
+          f"{_f(x['cpu_ratio'], 0, 3).strip()} (rounds min/med/max {_spread(x['cpu_ratio_rounds'])}); req/s ratio "
+          f"{_f(x['rps_ratio'], 0, 3).strip()} ({_spread(x['rps_ratio_rounds'])})", flush=True)
 
 
 def print_limits_summary(lines: Sequence[dict[str, Any]]) -> None:

@@ -64,11 +64,11 @@ class Procs:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
-              cpus: frozenset[int] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+              cpus: frozenset[int] | None = None, cwd: Path = ROOT) -> subprocess.Popen[bytes]:  # fmt: skip
         log = (self.logdir / f"{name}.log").open("wb")
         try:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                 preexec_fn=_child_setup(cpus) if sys.platform == "linux" else None,
             )
         finally:
@@ -193,17 +193,32 @@ def start_stub(procs: Procs, pin: Pinning) -> Started:
 
 def start_gateway(procs: Procs, pin: Pinning, stub_port: int, tmp: Path, redis_url: str | None,
                   access_log: bool, name: str = "gateway", limits: bool = False,
-                  wrapper: list[str] | None = None) -> Started:  # fmt: skip
+                  wrapper: list[str] | None = None, src: Path | None = None) -> Started:  # fmt: skip
     """A gateway; ``limits``: the bench key gets BENCH_LIMITS (in memory, or in Redis with ``redis_url``);
-    ``wrapper``: a command to run it under (valgrind)."""
+    ``wrapper``: a command to run it under (valgrind); ``src``: a directory holding another revision's
+    ``gateway`` package, run instead of this checkout's (same interpreter and libraries)."""
     port = free_port()
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(json.dumps(gateway_config(stub_port, limits), indent=2))  # JSON is YAML
     env = gateway_env(redis_url)
     env["GATEWAY_ACCESS_LOG"] = "true" if access_log else "false"
-    proc = procs.start(name, [*(wrapper or ()), *gateway_cmd(), "serve", "--config", str(cfg), "--host", HOST,
-                              "--port", str(port)], env=env, cpus=pin.proxies)
+    # ``python -m gateway`` run in ``src`` imports the package found there first (the current directory
+    # comes before the editable install on sys.path).
+    cmd = [sys.executable, "-m", "gateway"] if src is not None else gateway_cmd()
+    proc = procs.start(name, [*(wrapper or ()), *cmd, "serve", "--config", str(cfg), "--host", HOST,
+                              "--port", str(port)], env=env, cpus=pin.proxies, cwd=src or ROOT)
     return Started(name, port, proc, [proc.pid])
+
+
+def export_revision(rev: str, dest: Path) -> Path:
+    """``gateway/`` as of git revision ``rev``, written under ``dest`` (which is returned)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", rev, "gateway"], cwd=ROOT, capture_output=True, timeout=60,
+                             check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True, timeout=60)
+    return dest
 
 
 async def metric_value(port: int, name: str) -> float | None:
@@ -252,9 +267,9 @@ async def start_redis(procs: Procs, pin: Pinning, tmp: Path) -> Started:
     return Started("redis", port, proc, [proc.pid])
 
 
-def start_floor(procs: Procs, pin: Pinning, stub_port: int) -> Started:
+def start_floor(procs: Procs, pin: Pinning, stub_port: int, wrapper: list[str] | None = None) -> Started:
     port = free_port()
-    proc = procs.start("floor", [sys.executable, str(FLOOR_SCRIPT), "--port", str(port), "--upstream",
+    proc = procs.start("floor", [*(wrapper or ()), sys.executable, str(FLOOR_SCRIPT), "--port", str(port), "--upstream",
                                  f"http://{HOST}:{stub_port}", "--upstream-key", STUB_KEY, "--client-key",
                                  CLIENT_KEY, "--model", f"{PUBLIC_MODEL}={SERVED_MODEL}"], cpus=pin.proxies)
     return Started("floor", port, proc, [proc.pid])
