@@ -27,7 +27,7 @@ def worker_app() -> ASGIApp:
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     return create_app(settings, load_config(settings.config, os.environ),
-                      loader=lambda: load_config(settings.config, os.environ))
+                      loader=lambda: load_config(settings.config, os.environ), freeze_heap=True)
 
 
 def run_server(settings: Settings, config: GatewayConfig) -> int:
@@ -60,7 +60,8 @@ def run_server(settings: Settings, config: GatewayConfig) -> int:
         return 0
     lifecycle = Lifecycle()
     try:
-        app = create_app(settings, config, lifecycle, loader=lambda: load_config(settings.config, os.environ))
+        app = create_app(settings, config, lifecycle, loader=lambda: load_config(settings.config, os.environ),
+                         freeze_heap=True)
     except AdminSetupError as exc:
         logging.getLogger("gateway").error("%s", exc)
         print(f"gateway: {exc}", file=sys.stderr)

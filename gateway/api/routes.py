@@ -51,6 +51,8 @@ _V1_RUN = re.compile(r"(?:/v1)+(?=/|$)")
 
 
 def normalize_path(path: str) -> str:
+    if path in ROUTE_LABELS:  # the common case: a public path as it is written
+        return path
     p = path.rstrip("/") or "/"
     m = _V1_RUN.match(p)  # one scan, not one slice per /v1: linear in the number of repeated /v1
     rest = p[m.end():] if m else p
