@@ -27,6 +27,8 @@ def error_event(body: bytes) -> bytes:
 
 def _boundary(buf: bytes) -> int:
     """Index just past the last event terminator in ``buf``, or -1."""
+    if buf.endswith(b"\n\n"):  # the common read: whole events (no terminator can end later)
+        return len(buf)
     end = -1
     for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
         i = buf.rfind(sep)
@@ -70,7 +72,13 @@ class SseRelay:
         for old, new in self._pairs:
             if old in out:
                 out = out.replace(old, new)
-        if not self.saw_done and (out.startswith(DONE) or any(e in out for e in self._ends)):
-            self.saw_done = True
+        if not self.saw_done:
+            if out.startswith(DONE):
+                self.saw_done = True
+            else:
+                for e in self._ends:
+                    if e in out:
+                        self.saw_done = True
+                        break
         self.events_out += 1
         return out
