@@ -236,7 +236,7 @@ def _list(text: str, allowed: Sequence[str], what: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="The gateway's cost against direct, nginx and a minimal Python relay.")
-    p.add_argument("--cases", default=",".join(CASES), help="comma list of A,B,C,D (default all)")
+    p.add_argument("--cases", default=",".join(CASES), help="comma list of A,B,C,D,E (default all)")
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
                    help=f"comma list of {', '.join(ALL_TARGETS)} (default {','.join(DEFAULT_TARGETS)}; "
                    "gateway-log: a second gateway with its access log on)")

@@ -25,7 +25,9 @@ GOALS: dict[str, tuple[str, Any]] = {
     "B-cpu": ("<= 1.15 x floor", lambda g, f: g <= 1.15 * f),
     "C": (">= 0.9 x floor", lambda g, f: g >= 0.9 * f),
     "D": ("<= 1.5 x floor", lambda g, f: g <= 1.5 * f),
+    "E": ("0 errors", lambda g, _f: g == 0),
 }
+_NO_FLOOR_NEEDED = {"E"}  # goals judged on the gateway's number alone
 
 
 def _f(x: float | None, w: int = 7, d: int = 2) -> str:
@@ -56,12 +58,14 @@ def case_summary(case: Case, rows: Sequence[RunResult]) -> list[dict[str, Any]]:
             return r.rps
         if case.metric == "chunks_per_s":
             return r.rps * case.tokens
+        if case.metric == "errors":
+            return float(r.errors)
         if r.ttfb_ms is None or direct.ttfb_ms is None:
             return None
         return r.ttfb_ms["p99"] - (0.0 if r is direct else direct.ttfb_ms["p99"])
 
-    out = [_line(case.name, case.metric, {name: value(r) for name, r in by.items()}, case.metric != "rps"
-                 and case.metric != "chunks_per_s")]
+    out = [_line(case.name, case.metric, {name: value(r) for name, r in by.items()},
+                 case.metric not in ("rps", "chunks_per_s", "errors"))]
     if case.metric == "rps":
         cpu = {name: r.cpu_ms_per_req.get("proxy") for name, r in by.items() if name != "direct"}
         out.append(_line("B-cpu" if case.name == "B" else f"{case.name}-cpu", "proxy_cpu_ms_per_req", cpu, True))
@@ -79,7 +83,7 @@ def _line(name: str, metric: str, values: dict[str, float | None], added: bool) 
 
     goal = GOALS.get(name)
     f = values.get("floor")
-    met = goal[1](g, f) if goal and g is not None and f is not None else None
+    met = goal[1](g, f) if goal and g is not None and (f is not None or name in _NO_FLOOR_NEEDED) else None
     return {"case": name, "metric": metric, "values": values,
             "gateway_ratio": {o: ratio(o) for o in ("direct", "nginx", "floor") if o in values},
             "goal": goal[0] if goal else None, "met": met}

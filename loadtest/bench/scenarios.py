@@ -44,7 +44,7 @@ class Case:
     requests: int  # per target and round
     tokens: int  # content chunks per stream (max_tokens for chat)
     delay_ms: float  # stub pause between streamed tokens
-    metric: str  # added_p50_ms | rps | chunks_per_s | added_ttfb_p99_ms
+    metric: str  # added_p50_ms | rps | chunks_per_s | added_ttfb_p99_ms | errors
 
 
 CASES: dict[str, Case] = {c.name: c for c in (
@@ -53,6 +53,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("C", "32-chunk streams, concurrency 64: chunks/s", "stream", 64, 600, 32, 0.0, "chunks_per_s"),
     Case("D", "200 streams, 20 ms/chunk: added time-to-first-chunk p99", "stream", 200, 200, 32, 20.0,
          "added_ttfb_p99_ms"),
+    Case("E", "1,000 concurrent streams, 20 ms/chunk: errors", "stream", 1000, 1000, 32, 20.0, "errors"),
 )}  # fmt: skip
 
 

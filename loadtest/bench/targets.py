@@ -105,8 +105,9 @@ def gateway_config(stub_port: int, limits: bool = False) -> dict[str, Any]:
     return {
         "models": [{
             "id": PUBLIC_MODEL,
+            # max_connections as the floor's aiohttp pool (1,024): case E's 1,000 streams run at once
             "upstreams": [{"name": "stub", "url": f"http://{HOST}:{stub_port}", "model": SERVED_MODEL,
-                           "api_key": STUB_KEY}],
+                           "api_key": STUB_KEY, "max_connections": 1024}],
         }],
         "keys": [{"name": "bench", "key": CLIENT_KEY, **(BENCH_LIMITS if limits else {})}],
         # A saturated 2-CPU machine delays the event loop past the default 50 ms, and a Redis call that

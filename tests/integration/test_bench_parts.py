@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -94,3 +95,8 @@ def test_report_ratios_and_goals() -> None:
     d_rows = [_run("direct", 1, 1, 10.0, None), _run("floor", 1, 1, 12.0, 1.0), _run("gateway", 1, 1, 13.0, 1.0)]
     (d,) = case_summary(CASES["D"], d_rows)
     assert d["values"]["gateway"] == pytest.approx(3.0) and d["met"] is True  # 3 <= 1.5 x 2
+    e_rows = [_run("direct", 1, 1, 10.0, None), _run("gateway", 1, 1, 12.0, 1.0)]
+    (e,) = case_summary(CASES["E"], e_rows)
+    assert e["values"]["gateway"] == 0 and e["met"] is True  # judged without the floor
+    (e_bad,) = case_summary(CASES["E"], [e_rows[0], replace(e_rows[1], errors=3)])
+    assert e_bad["values"]["gateway"] == 3 and e_bad["met"] is False
