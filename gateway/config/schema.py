@@ -148,6 +148,16 @@ class UpstreamSpec(_Strict):
             raise ValueError("must not be empty")
         return v
 
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, v: SecretStr | None) -> SecretStr | None:
+        # Written into the backend's Authorization header as is: a line break (a key file or variable with
+        # its trailing newline) or other control character would break the request (the key is not echoed).
+        if v is not None and any(not 0x20 < ord(c) < 0x7F for c in v.get_secret_value()):
+            raise ValueError("must be printable ASCII without spaces or line breaks (a trailing newline from a "
+                             "file or variable?)")
+        return v
+
     @property
     def host(self) -> str:
         return urlsplit(self.url).hostname or "127.0.0.1"

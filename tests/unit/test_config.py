@@ -85,3 +85,12 @@ def test_default_upstream_names_are_valid_names_for_any_model_id() -> None:
         name = m.upstreams[0].name
         assert name is not None and name.endswith("-0")
         assert ModelSpec.model_validate(m.model_dump()).upstreams[0].name == name  # round-trips (admin PUT)
+
+
+@pytest.mark.parametrize("key", ["secret-a\n", "sec ret", "sécret"])
+def test_a_backend_key_that_cannot_be_a_header_value_is_refused_without_echoing_it(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(GOOD, {"VLLM_KEY_A": key})
+    text = str(info.value)
+    assert "models[0].upstreams[0].api_key" in text and "printable ASCII" in text
+    assert key.strip() not in text
