@@ -314,3 +314,17 @@ def test_launch_sections_are_write_only_and_survive_a_round_trip(start_admin: St
     up = gw.services.config.models[0].upstreams[0]
     assert up.launch is not None and up.launch.env == {"HF_TOKEN": "hf-secret-1"}
     assert up.api_key_value() == BACKEND_KEY and gw.services.config.models[0].owned_by == "me"
+
+
+def test_a_backend_key_that_cannot_be_a_header_value_is_a_400_that_does_not_echo_it(
+    start_admin: StartAdmin, fake: FakeVLLM
+) -> None:
+    gw = start_admin(admin_config(fake))
+    with admin(gw) as a:
+        r = a.post("/models/public-chat/upstreams", json={"name": "fake1", "url": fake.url, "model": "tiny",
+                                                           "api_key": "sk-line-break-secret\n"})
+        assert r.status_code == 400, r.text
+        assert "api_key" in r.text and "printable ASCII" in r.text and "line-break-secret" not in r.text
+        r = a.patch("/models/public-chat/upstreams/fake0", json={"api_key": "sk-tab\tsecret"})
+        assert r.status_code == 400 and "sk-tab" not in r.text and "printable ASCII" in r.text
+        assert [u["name"] for u in a.get("/models/public-chat").json()["upstreams"]] == ["fake0"]
