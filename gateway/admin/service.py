@@ -124,10 +124,30 @@ def _key_check(merged: Merged, spec: KeySpec) -> None:
                                  code="invalid_value")
 
 
+# What a reload applies: the mapping (`models`), client keys (`keys`) and `admin.keys`. Everything else
+# is read once, when the services are built, and changes only at a restart.
+_LIVE_SECTIONS = frozenset({"models", "keys"})
+
+
+def restart_sections(running: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The sections of ``new`` that differ from what runs and that only a restart applies."""
+    out: list[str] = []
+    for name in GatewayConfig.model_fields:
+        if name in _LIVE_SECTIONS:
+            continue
+        a, b = getattr(running, name), getattr(new, name)
+        if name == "admin":  # its keys are live; the rest is not
+            a, b = a.model_copy(update={"keys": []}), b.model_copy(update={"keys": []})
+        if a != b:
+            out.append(name)
+    return out
+
+
 class AdminService:
     def __init__(self, base: GatewayConfig, store: StateStore, apply: Apply, *,
                  loader: Callable[[], GatewayConfig] | None = None, probe_timeout_s: float = 5.0) -> None:
         self.base = base
+        self.running = base  # the file as the process started with it: what the non-live sections run on
         self.store = store
         self._apply_fn = apply
         self.loader = loader
@@ -200,7 +220,12 @@ class AdminService:
             self.last_sync = time.time()
         log.info("config file reloaded; admin overlay version %d applied", state.version,
                  extra={"config_version": state.version, "action": "reload"})
-        return {"reloaded": True, "version": state.version}
+        stale = restart_sections(self.running, base)
+        if stale:
+            log.warning("config file reloaded, but %s changed, which only a restart applies (a reload applies "
+                        "models, keys and admin.keys); the running values stay until then", ", ".join(stale),
+                        extra={"action": "reload"})
+        return {"reloaded": True, "version": state.version, "restart_needed": stale}
 
     # --- reads ----------------------------------------------------------------------------------
 

@@ -222,15 +222,23 @@ def test_reload_rereads_the_file_and_keeps_the_overlay(tmp_path: Path, fake: Fak
             assert chat(gw, "from-file").status_code == 404
             r = a.post("/reload")
             assert r.status_code == 200, r.text
+            assert r.json()["restart_needed"] == []
             assert chat(gw, "from-file").status_code == 200 and chat(gw, "added").status_code == 200
             assert {m["id"]: m["source"] for m in a.get("/models").json()["data"]} == {
                 "public-chat": "config", "from-file": "config", "added": "admin"}
             # admin.keys are re-read too: a key added to the file works at once.
             cfg["admin"]["keys"].append({"name": "late-ops", "key_sha256": hash_key("adm-late-key-0123456789")})
             cfg_path.write_text(yaml.safe_dump(cfg))
-            assert a.post("/reload").status_code == 200
+            assert a.post("/reload").json()["restart_needed"] == []  # admin.keys are live
             with admin(gw, "adm-late-key-0123456789") as late:
                 assert late.get("/status").status_code == 200
+            # Sections read only at start-up: the reload says which changed, and they keep running as they were.
+            cfg["timeouts"] = {"first_byte": 7}
+            cfg["admin"]["audit_size"] = 50
+            cfg_path.write_text(yaml.safe_dump(cfg))
+            r = a.post("/reload")
+            assert r.status_code == 200 and r.json()["restart_needed"] == ["timeouts", "admin"]
+            assert gw.services.config.timeouts.first_byte != 7
             cfg_path.write_text("models: [")
             r = a.post("/reload")
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_config"
