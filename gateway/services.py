@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.accounting import UsageReader
 from gateway.auth.keys import StaticKeyStore
+from gateway.config.live import live_update
 from gateway.config.schema import GatewayConfig, RoutingSpec
 from gateway.domain import Upstream
 from gateway.lifecycle import Lifecycle
@@ -61,8 +62,7 @@ class Services:
 
     def apply(self, config: GatewayConfig, version: int) -> tuple[list[Upstream], list[Upstream]]:
         """Serve ``config``'s models and keys from now on (its other sections need a restart)."""
-        config = self.config.model_copy(update={"models": config.models, "keys": config.keys,
-                                                "admin": config.admin})
+        config = live_update(self.config, config)
         old = {u.name: u for u in self.table.upstreams()}
         table = ModelTable.from_config(config, version=version, previous=self.table)
         new = {u.name: u for u in table.upstreams()}

@@ -33,9 +33,11 @@ from gateway.admin.overlay import (
     parse_model,
     parse_upstream,
 )
+from gateway.admin.rules import check_version, cross_check, keep_secrets, key_check, strip_response_fields
 from gateway.admin.store import StateStore, StoreError
 from gateway.admin.views import KEY_LIMIT_FIELDS, key_view, model_view
 from gateway.auth.keys import hash_key, new_key
+from gateway.config.live import restart_sections
 from gateway.config.schema import GatewayConfig, KeySpec, ModelSpec
 from gateway.errors import Conflict, GatewayError, InvalidRequest, ModelNotFound, NotFound, UpstreamError
 from gateway.routing.probe import probe_upstream
@@ -43,7 +45,6 @@ from gateway.routing.probe import probe_upstream
 log = logging.getLogger("gateway.admin")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_RESPONSE_ONLY = ("source", "version", "object")
 _KEY_PATCHABLE = frozenset({"models", "per_model", *KEY_LIMIT_FIELDS})
 MAX_ATTEMPTS = 50
 
@@ -63,84 +64,6 @@ class Change:
 
 
 Mutation = Callable[[State, Merged], Change]
-
-
-def _check_version(if_match: int | None, meta: Meta, what: str) -> None:
-    if if_match is not None and if_match != meta.version:
-        raise Conflict(f"{what} is at version {meta.version}, not {if_match}: it was changed meanwhile; "
-                       f"read it again and redo your change.", code="version_conflict")
-
-
-def _strip_response_fields(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A GET answer sent back as it is stays valid: response-only fields are dropped."""
-    out = {k: v for k, v in body.items() if k not in _RESPONSE_ONLY}
-    ups = out.get("upstreams")
-    if isinstance(ups, list):
-        out["upstreams"] = [{k: v for k, v in u.items() if k not in ("api_key_set", "launch_set")}
-                            if isinstance(u, dict) else u for u in ups]
-    return out
-
-
-def _keep_secrets(model_id: str, body: dict[str, Any], current: ModelSpec | None) -> dict[str, Any]:
-    """An upstream without ``api_key`` (or ``launch``) keeps its current one (matched by name)."""
-    if current is None or not isinstance(body.get("upstreams"), list):
-        return body
-    stored = {u.name: model_to_dict(current)["upstreams"][i] for i, u in enumerate(current.upstreams)}
-    ups = []
-    for i, u in enumerate(body["upstreams"]):
-        if isinstance(u, dict):
-            old = stored.get(u.get("name") or f"{model_id}-{i}", {})
-            u = {**{f: old[f] for f in ("api_key", "launch") if f in old and f not in u}, **u}
-        ups.append(u)
-    return {**body, "upstreams": ups}
-
-
-def _cross_check(merged: Merged, spec: ModelSpec) -> None:
-    """The rules between models, with the field path of the new model's offending field."""
-    others = [m for m in merged.config.models if m.id != spec.id]
-    names = {u.name: m.id for m in others for u in m.upstreams}
-    for i, u in enumerate(spec.upstreams):
-        if u.name in names:
-            raise InvalidRequest(f"upstreams[{i}].name: upstream name {u.name!r} is already used by model "
-                                 f"{names[u.name]!r}", param=f"upstreams.{i}.name", code="invalid_value")
-    taken = {m.id: f"the id of model {m.id!r}" for m in others}
-    taken.update({a: f"an alias of model {m.id!r}" for m in others for a in m.aliases})
-    if spec.id in taken:
-        raise InvalidRequest(f"id: {spec.id!r} is {taken[spec.id]}", param="id", code="invalid_value")
-    for i, a in enumerate(spec.aliases):
-        if a in taken:
-            raise InvalidRequest(f"aliases[{i}]: alias {a!r} collides with {taken[a]}", param=f"aliases.{i}",
-                                 code="invalid_value")
-
-
-def _key_check(merged: Merged, spec: KeySpec) -> None:
-    known = {m.id for m in merged.config.models}
-    for i, m in enumerate(spec.models):
-        if m != "*" and m not in known:
-            raise InvalidRequest(f"models[{i}]: unknown model {m!r}", param=f"models.{i}", code="invalid_value")
-    for m in spec.per_model:
-        if m not in known:
-            raise InvalidRequest(f"per_model.{m}: unknown model {m!r}", param=f"per_model.{m}",
-                                 code="invalid_value")
-
-
-# What a reload applies: the mapping (`models`), client keys (`keys`) and `admin.keys`. Everything else
-# is read once, when the services are built, and changes only at a restart.
-_LIVE_SECTIONS = frozenset({"models", "keys"})
-
-
-def restart_sections(running: GatewayConfig, new: GatewayConfig) -> list[str]:
-    """The sections of ``new`` that differ from what runs and that only a restart applies."""
-    out: list[str] = []
-    for name in GatewayConfig.model_fields:
-        if name in _LIVE_SECTIONS:
-            continue
-        a, b = getattr(running, name), getattr(new, name)
-        if name == "admin":  # its keys are live; the rest is not
-            a, b = a.model_copy(update={"keys": []}), b.model_copy(update={"keys": []})
-        if a != b:
-            out.append(name)
-    return out
 
 
 class AdminService:
@@ -288,14 +211,14 @@ class AdminService:
     # --- models ---------------------------------------------------------------------------------
 
     def _model_body(self, body: Mapping[str, Any], model_id: str | None, current: ModelSpec | None) -> ModelSpec:
-        data = _strip_response_fields(body)
+        data = strip_response_fields(body)
         if model_id is not None:
             if "id" in data and data["id"] != model_id:
                 raise InvalidRequest(f"id: the body's id {data['id']!r} differs from the URL's {model_id!r}",
                                      param="id", code="invalid_value")
             data["id"] = model_id
         mid = data.get("id")
-        return parse_model(_keep_secrets(str(mid), data, current) if isinstance(mid, str) else data)
+        return parse_model(keep_secrets(str(mid), data, current) if isinstance(mid, str) else data)
 
     async def _verify(self, spec: ModelSpec, current: ModelSpec | None) -> None:
         old = {u.name: u for u in current.upstreams} if current is not None else {}
@@ -321,7 +244,7 @@ class AdminService:
                 if must_be_new:
                     raise Conflict(f"Model {spec.id!r} already exists; PUT or PATCH /admin/models/{spec.id} "
                                    f"changes it.", param="id", code="already_exists")
-                _check_version(if_match, meta, f"Model {spec.id!r}")
+                check_version(if_match, meta, f"Model {spec.id!r}")
                 before = model_view(cur, meta)
                 version = meta.version + 1
             else:
@@ -329,7 +252,7 @@ class AdminService:
                     raise ModelNotFound(f"There is no model {spec.id!r}.", param="id")
                 tomb = state.models.get(spec.id)
                 version = tomb.version + 1 if tomb is not None else 1
-            _cross_check(merged, spec)
+            cross_check(merged, spec)
             new = state.with_model(spec.id, Entry(model_to_dict(spec), version))
             after = model_view(spec, Meta("admin", version))
             return Change(new, action, spec.id, before, after, after)
@@ -358,7 +281,7 @@ class AdminService:
         current = self._current_model(model_id)
         if current is None:
             raise ModelNotFound(f"There is no model {model_id!r}.", param="id")
-        data = {**model_to_dict(current), **_strip_response_fields(body)}
+        data = {**model_to_dict(current), **strip_response_fields(body)}
         spec = self._model_body(data, model_id, current)
         if verify:
             await self._verify(spec, current)
@@ -367,7 +290,7 @@ class AdminService:
     async def delete_model(self, admin: str, model_id: str, if_match: int | None) -> dict[str, Any]:
         def mutate(state: State, merged: Merged) -> Change:
             cur, meta = self._model(merged, model_id)
-            _check_version(if_match, meta, f"Model {model_id!r}")
+            check_version(if_match, meta, f"Model {model_id!r}")
             users = [k.name for k in merged.config.keys if model_id in k.models or model_id in k.per_model]
             if users:
                 raise Conflict(f"Keys {', '.join(repr(u) for u in users)} name model {model_id!r}; take it out "
@@ -409,7 +332,7 @@ class AdminService:
 
     async def add_upstream(self, admin: str, model_id: str, body: Mapping[str, Any], if_match: int | None,
                            verify: bool) -> dict[str, Any]:
-        up = dict(_strip_response_fields({"upstreams": [dict(body)]})["upstreams"][0]) \
+        up = dict(strip_response_fields({"upstreams": [dict(body)]})["upstreams"][0]) \
             if isinstance(body, Mapping) else body
         parse_upstream(up)  # its own field paths (url, model, ...)
 
@@ -479,7 +402,7 @@ class AdminService:
         def mutate(state: State, merged: Merged) -> Change:
             if name in merged.keys:
                 raise Conflict(f"A key named {name!r} already exists.", param="name", code="already_exists")
-            _key_check(merged, spec)
+            key_check(merged, spec)
             tomb = state.keys.get(name)
             version = tomb.version + 1 if tomb is not None else 1
             entry = Entry(stored, version, secret[:10])
@@ -499,12 +422,12 @@ class AdminService:
 
         def mutate(state: State, merged: Merged) -> Change:
             cur, meta = self._key(merged, name)
-            _check_version(if_match, meta, f"Key {name!r}")
+            check_version(if_match, meta, f"Key {name!r}")
             data = key_to_dict(cur)
             if "key" in data:  # a config key given in clear: the overlay keeps only its hash
                 data["key_sha256"] = hash_key(data.pop("key"))
             spec = parse_key({**data, **fields})
-            _key_check(merged, spec)
+            key_check(merged, spec)
             entry = Entry(key_to_dict(spec), meta.version + 1, meta.prefix)
             view = key_view(spec, Meta("admin", entry.version, entry.prefix))
             return Change(state.with_key(name, entry), "key.update", name, key_view(cur, meta), view, view)
@@ -514,7 +437,7 @@ class AdminService:
     async def delete_key(self, admin: str, name: str, if_match: int | None) -> dict[str, Any]:
         def mutate(state: State, merged: Merged) -> Change:
             cur, meta = self._key(merged, name)
-            _check_version(if_match, meta, f"Key {name!r}")
+            check_version(if_match, meta, f"Key {name!r}")
             new = state.with_key(name, Entry(None, meta.version + 1, meta.prefix))
             return Change(new, "key.delete", name, key_view(cur, meta), None, {"name": name, "deleted": True})
 

@@ -51,7 +51,6 @@ class UpstreamClients:
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeouts = timeouts
         self._clients: dict[PoolKey, httpx.AsyncClient] = {}
-        self._urls: dict[tuple[PoolKey, str], httpx.URL] = {}
         self._targets: dict[tuple[PoolKey, str], _Target] = {}
         self._lean: dict[PoolKey, LeanTransport] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -96,27 +95,32 @@ class UpstreamClients:
         cookie jar, and one user's upstream cookies must never ride along on another user's request).
         """
         key = pool_key(upstream)
+        target = self._target(upstream, key, path)
         transport = self._lean.get(key)
         if transport is None:
             if upstream.spec.proxy:
                 # A bare Request, not client.build_request(): no URL merging and no cookie jar.
-                request = httpx.Request("POST", self.url(upstream, path), content=body, headers=headers)
+                request = httpx.Request("POST", target.url, content=body, headers=headers)
                 async with asyncio.timeout_at(headers_by):
                     return await self.get(upstream).send(request, stream=True)
             self.get(upstream)
             transport = self._lean[key]
-        target = self._targets.get((key, path))
-        if target is None:
-            url = self.url(upstream, path)
-            line = b"POST " + url.raw_path + b" HTTP/1.1\r\nHost: " + url.netloc + b"\r\n"  # as httpx writes it
-            timeout = self._timeout(upstream)
-            target = self._targets[(key, path)] = _Target(url, line, timeout.connect, timeout.pool)
         parts = [target.line]
         for k, v in headers:
             parts += (k, b": ", v, b"\r\n")
         parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
         return await transport.exchange(target.url, b"".join(parts), body, target.connect, target.pool,
                                         headers_by)
+
+    def _target(self, upstream: Upstream, key: PoolKey, path: str) -> _Target:
+        """The upstream's URL for ``path``, its request line and its limits, made once."""
+        target = self._targets.get((key, path))
+        if target is None:
+            url = httpx.URL(upstream.base_url + path)
+            line = b"POST " + url.raw_path + b" HTTP/1.1\r\nHost: " + url.netloc + b"\r\n"  # as httpx writes it
+            timeout = self._timeout(upstream)
+            target = self._targets[(key, path)] = _Target(url, line, timeout.connect, timeout.pool)
+        return target
 
     def get(self, upstream: Upstream) -> httpx.AsyncClient:
         key = pool_key(upstream)
@@ -125,22 +129,12 @@ class UpstreamClients:
             client = self._clients[key] = self._make(upstream)
         return client
 
-    def url(self, upstream: Upstream, path: str) -> httpx.URL:
-        """The upstream's URL for ``path``, parsed once."""
-        key = (pool_key(upstream), path)
-        url = self._urls.get(key)
-        if url is None:
-            url = self._urls[key] = httpx.URL(upstream.base_url + path)
-        return url
-
     def retire(self, upstream: Upstream) -> None:
         """An upstream left the mapping (or changed): new requests get a new pool; the old one is closed
         once its last in-flight request is done (at the latest after ``timeouts.total``)."""
         key = pool_key(upstream)
         client = self._clients.pop(key, None)
         lean = self._lean.pop(key, None)
-        for k in [k for k in self._urls if k[0] == key]:
-            del self._urls[k]
         for k in [k for k in self._targets if k[0] == key]:
             del self._targets[k]
         if client is None:

@@ -1,4 +1,4 @@
-"""Which config sections a reload cannot apply (gateway.admin.service.restart_sections)."""
+"""What a reload applies and which changed sections it leaves for a restart (gateway.config.live)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
-from gateway.admin.service import restart_sections
 from gateway.config import parse_config
+from gateway.config.live import live_update, restart_sections
 from gateway.config.schema import GatewayConfig
 
 
@@ -35,3 +35,14 @@ def test_every_other_section_is_named_in_file_order() -> None:
     changed = _cfg(routing={"metrics_stale_s": 9}, timeouts={"idle": 5}, retry={"max_attempts": 1},
                    admin={"keys": [{"name": "ops", "key_sha256": "ab" * 32}], "audit_size": 10})
     assert restart_sections(running, changed) == ["timeouts", "retry", "admin", "routing"]
+
+
+def test_the_swap_takes_exactly_the_live_parts() -> None:
+    running = _cfg()
+    new = _cfg(timeouts={"idle": 5},
+               admin={"keys": [{"name": "ops2", "key_sha256": "cd" * 32}], "audit_size": 10},
+               models=[{"id": "other", "upstreams": [{"url": "http://127.0.0.1:8002", "model": "y"}]}])
+    swapped = live_update(running, new)
+    assert [m.id for m in swapped.models] == ["other"] and [k.name for k in swapped.admin.keys] == ["ops2"]
+    assert swapped.timeouts == running.timeouts and swapped.admin.audit_size == running.admin.audit_size
+    assert restart_sections(swapped, new) == ["timeouts", "admin"]
