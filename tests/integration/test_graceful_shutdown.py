@@ -93,7 +93,8 @@ def test_sigterm_drains_then_refuses_then_ends_open_streams_with_error_and_done(
         while True:
             try:
                 httpx.get(url + "/health", timeout=1)
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ReadError):
+                # refused, or reset: a connection still in the accept queue when the listener closed
                 break
             assert time.monotonic() - t0 < 3, "still accepting connections"
             time.sleep(0.02)

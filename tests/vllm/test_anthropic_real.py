@@ -62,7 +62,8 @@ def test_alias_in_json_and_stream(client: anthropic.Anthropic) -> None:
     assert final.model == ALIAS and final.usage.output_tokens == 3
 
 
-def test_stream_text_deltas_arrive_incrementally(client: anthropic.Anthropic) -> None:
+def _delta_spread(client: anthropic.Anthropic) -> tuple[float, float]:
+    """(seconds from the request to the first text delta, to the last one) of a 300-token stream."""
     started = time.monotonic()
     arrivals: list[float] = []
     with client.messages.stream(model="tiny-chat", max_tokens=300, messages=MSG, extra_body={"temperature": 0}) as s:
@@ -71,9 +72,18 @@ def test_stream_text_deltas_arrive_incrementally(client: anthropic.Anthropic) ->
                 arrivals.append(time.monotonic())
         final = s.get_final_message()
     assert final.usage.output_tokens == 300 and len(arrivals) >= 10  # vLLM may batch tokens per delta
-    # Relayed as generated: the deltas are spread over the generation, not delivered in one burst.
-    assert arrivals[-1] - arrivals[0] >= 0.25 * (arrivals[-1] - started), (arrivals[0] - started,
-                                                                           arrivals[-1] - started)
+    return arrivals[0] - started, arrivals[-1] - started
+
+
+def test_stream_text_deltas_arrive_incrementally(client: anthropic.Anthropic) -> None:
+    # Relayed as generated: the deltas are spread over the generation, not delivered in one burst. A stall
+    # of this shared 2-vCPU machine (or of the test process, which runs the gateway too) can bunch one
+    # stream's deltas; a gateway that buffers bunches every stream, so a second stream must be spread too.
+    for attempt in (1, 2):
+        first, last = _delta_spread(client)
+        if last - first >= 0.25 * last or attempt == 2:
+            break
+    assert last - first >= 0.25 * last, (first, last)
 
 
 def test_count_tokens_matches_the_generation(client: anthropic.Anthropic) -> None:
